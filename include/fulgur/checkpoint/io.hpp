@@ -1,0 +1,32 @@
+#pragma once
+// Checkpoint files and the state of modules and optimizers (implemented in src/checkpoint_io.cpp).
+//
+// A checkpoint is a StateDict written with torch::pickle_save (a torch.save-style zip).
+// Writes are atomic: a temporary file in the same folder, fsync, rename, fsync of the folder —
+// a crash mid-save leaves the previous checkpoint intact.
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <string>
+#include <vector>
+
+#include "fulgur/state_dict.hpp"
+
+namespace fulgur::checkpoint {
+
+void save(const std::string& path, const StateDict& state);
+StateDict load(const std::string& path);
+
+/// Writes bytes to path atomically (see above).
+void atomic_write(const std::string& path, const std::vector<char>& bytes);
+
+/// Parameters and buffers under Python's names ("layer.weight"), in Python's order.
+StateDict module_state_dict(const torch::nn::Module& module);
+/// Copies a module state into `module`. strict: missing or unexpected keys are an error that lists them.
+void load_module_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true);
+
+/// An optimizer's full state (per-parameter buffers, step counts, param-group options).
+StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer);
+void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state);
+
+}  // namespace fulgur::checkpoint

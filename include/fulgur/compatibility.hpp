@@ -1,0 +1,140 @@
+#pragma once
+// fulgur::compatible<A, S, P>: which accelerator/strategy/precision combinations can work,
+// decided at compile time. Each rule is what Lightning's accelerator connector checks (or
+// silently changes) at run time; here a refused combination does not compile, and the
+// message says why in one sentence. Torch-free: rules read only the policies' traits.
+//
+// Traits a policy may declare (all optional; absent means "no restriction"):
+//   static constexpr bool supports_accelerator(std::string_view accelerator_name);  // S or P
+//   static constexpr bool supports_precision(std::string_view precision_name);      // S
+//   static constexpr bool uses_scaler;                                               // P
+#include <concepts>
+#include <string_view>
+
+#include "fulgur/concepts/accelerator.hpp"
+#include "fulgur/concepts/precision.hpp"
+#include "fulgur/concepts/strategy.hpp"
+
+// The messages, one per rule; shared by the static_asserts and by compatibility_reason().
+#define FULGUR_MSG_NOT_AN_ACCELERATOR \
+  "fulgur: the first Trainer argument is not a fulgur::accelerator; docs/concepts/accelerator.md lists the members it needs."
+#define FULGUR_MSG_NOT_A_STRATEGY \
+  "fulgur: the second Trainer argument is not a fulgur::strategy; docs/concepts/strategy.md lists the members it needs."
+#define FULGUR_MSG_NOT_A_PRECISION \
+  "fulgur: the third Trainer argument is not a fulgur::precision; docs/concepts/precision.md lists the members it needs."
+#define FULGUR_MSG_STRATEGY_ACCELERATOR \
+  "fulgur: this strategy's communication backend cannot carry this accelerator's tensors (NCCL needs CUDAAccelerator; use backend::Gloo on CPU)."
+#define FULGUR_MSG_PRECISION_ACCELERATOR \
+  "fulgur: this precision policy does not run on this accelerator; pick a precision the accelerator supports."
+#define FULGUR_MSG_BF16_SCALER \
+  "fulgur: precision 'bf16-mixed' does not use a scaler (bfloat16 has float32's exponent range); use BF16MixedPrecision without a GradScaler."
+#define FULGUR_MSG_STRATEGY_PRECISION \
+  "fulgur: this strategy does not support this precision (for example '64-true' is not offered with sharding); pick another precision."
+
+namespace fulgur {
+
+namespace detail {
+
+template <class T>
+constexpr bool supports_accelerator_named(std::string_view accelerator_name) {
+  if constexpr (requires(std::string_view n) {
+                  { T::supports_accelerator(n) } -> std::convertible_to<bool>;
+                })
+    return T::supports_accelerator(accelerator_name);
+  else
+    return true;
+}
+
+template <class S>
+constexpr bool supports_precision_named(std::string_view precision_name) {
+  if constexpr (requires(std::string_view n) {
+                  { S::supports_precision(n) } -> std::convertible_to<bool>;
+                })
+    return S::supports_precision(precision_name);
+  else
+    return true;
+}
+
+template <class P>
+constexpr bool uses_scaler() {
+  if constexpr (requires { { P::uses_scaler } -> std::convertible_to<bool>; })
+    return P::uses_scaler;
+  else
+    return false;
+}
+
+enum class compatibility_rule {
+  none,
+  not_an_accelerator,
+  not_a_strategy,
+  not_a_precision,
+  strategy_accelerator,
+  precision_accelerator,
+  bf16_scaler,
+  strategy_precision,
+};
+
+/// The first rule that A, S, P break, checked in order, so later rules may rely on earlier ones.
+template <class A, class S, class P, class V>
+constexpr compatibility_rule first_broken_rule() {
+  if constexpr (!accelerator_for<A, V>)
+    return compatibility_rule::not_an_accelerator;
+  else if constexpr (!strategy_for<S, V>)
+    return compatibility_rule::not_a_strategy;
+  else if constexpr (!precision_for<P, V>)
+    return compatibility_rule::not_a_precision;
+  else if constexpr (!supports_accelerator_named<S>(A::name))
+    return compatibility_rule::strategy_accelerator;
+  else if constexpr (!supports_accelerator_named<P>(A::name))
+    return compatibility_rule::precision_accelerator;
+  else if constexpr (P::name == std::string_view{"bf16-mixed"} && uses_scaler<P>())
+    return compatibility_rule::bf16_scaler;
+  else if constexpr (!supports_precision_named<S>(P::name))
+    return compatibility_rule::strategy_precision;
+  else
+    return compatibility_rule::none;
+}
+
+}  // namespace detail
+
+/// True when Trainer<A, S, P> can be built (V: the vocabulary, see concepts/vocabulary.hpp).
+template <class A, class S, class P, class V = torch_vocabulary>
+inline constexpr bool compatible_for =
+    detail::first_broken_rule<A, S, P, V>() == detail::compatibility_rule::none;
+
+template <class A, class S, class P>
+inline constexpr bool compatible = compatible_for<A, S, P, torch_vocabulary>;
+
+/// Why A, S, P are not compatible, in one sentence; empty when they are.
+template <class A, class S, class P, class V = torch_vocabulary>
+constexpr std::string_view compatibility_reason() {
+  using enum detail::compatibility_rule;
+  switch (detail::first_broken_rule<A, S, P, V>()) {
+    case not_an_accelerator: return FULGUR_MSG_NOT_AN_ACCELERATOR;
+    case not_a_strategy: return FULGUR_MSG_NOT_A_STRATEGY;
+    case not_a_precision: return FULGUR_MSG_NOT_A_PRECISION;
+    case strategy_accelerator: return FULGUR_MSG_STRATEGY_ACCELERATOR;
+    case precision_accelerator: return FULGUR_MSG_PRECISION_ACCELERATOR;
+    case bf16_scaler: return FULGUR_MSG_BF16_SCALER;
+    case strategy_precision: return FULGUR_MSG_STRATEGY_PRECISION;
+    case none: break;
+  }
+  return {};
+}
+
+/// static_asserts compatibility with the rule's own message: exactly one error, not a cascade.
+template <class A, class S, class P, class V = torch_vocabulary>
+consteval bool assert_compatible() {
+  using enum detail::compatibility_rule;
+  constexpr auto rule = detail::first_broken_rule<A, S, P, V>();
+  static_assert(rule != not_an_accelerator, FULGUR_MSG_NOT_AN_ACCELERATOR);
+  static_assert(rule != not_a_strategy, FULGUR_MSG_NOT_A_STRATEGY);
+  static_assert(rule != not_a_precision, FULGUR_MSG_NOT_A_PRECISION);
+  static_assert(rule != strategy_accelerator, FULGUR_MSG_STRATEGY_ACCELERATOR);
+  static_assert(rule != precision_accelerator, FULGUR_MSG_PRECISION_ACCELERATOR);
+  static_assert(rule != bf16_scaler, FULGUR_MSG_BF16_SCALER);
+  static_assert(rule != strategy_precision, FULGUR_MSG_STRATEGY_PRECISION);
+  return rule == none;
+}
+
+}  // namespace fulgur

@@ -1,0 +1,43 @@
+#pragma once
+// The errors fulgur raises. Each message names what was wrong and what to do.
+#include <stdexcept>
+#include <string>
+
+namespace fulgur {
+
+/// Base of every fulgur error.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// A setting or argument that cannot work (Lightning: ValueError / MisconfigurationException).
+struct MisconfigurationError : Error {
+  using Error::Error;
+};
+
+/// The requested accelerator or device is not present, or lacks a needed feature.
+struct AcceleratorError : Error {
+  using Error::Error;
+};
+
+/// A training/validation step failed; the message names the epoch, batch and the batch's tensors.
+struct StepError : Error {
+  using Error::Error;
+};
+
+/// The loss became NaN or infinite under a precision that has no loss scaler to absorb it.
+struct NonFiniteLossError : Error {
+  using Error::Error;
+};
+
+/// A loader yielded no batches, or a batch that cannot be used.
+struct DataError : Error {
+  using Error::Error;
+};
+
+/// GradScaler used out of order (unscale twice, step twice, update without inf checks, ...).
+struct GradScalerError : Error {
+  using Error::Error;
+};
+
+}  // namespace fulgur

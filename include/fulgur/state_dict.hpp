@@ -1,0 +1,39 @@
+#pragma once
+// fulgur::StateDict: the state of a policy, module or optimizer — an insertion-ordered,
+// string-keyed dictionary of IValues (tensors, doubles, ints, strings, nested dicts), which is
+// what Python's `state_dict()` returns and what torch::pickle_save writes as a Python dict.
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+
+#include <string>
+
+namespace fulgur {
+
+class StateDict {
+ public:
+  StateDict() : dict_(c10::StringType::get(), c10::AnyType::get()) {}
+  /// From a dictionary IValue with string keys (e.g. what torch::pickle_load returns).
+  explicit StateDict(c10::impl::GenericDict dict) : dict_(std::move(dict)) {}
+
+  /// Inserts or replaces; keeps the first insertion's position.
+  void insert(const std::string& key, c10::IValue value) { dict_.insert_or_assign(c10::IValue(key), std::move(value)); }
+  bool contains(const std::string& key) const { return dict_.contains(c10::IValue(key)); }
+  /// The value under key; throws c10::Error when absent (use contains first).
+  c10::IValue at(const std::string& key) const { return dict_.at(c10::IValue(key)); }
+  bool erase(const std::string& key) { return dict_.erase(c10::IValue(key)); }
+  bool empty() const { return dict_.empty(); }
+  std::size_t size() const { return dict_.size(); }
+
+  /// Items in insertion order: item.key().toStringRef(), item.value().
+  auto begin() const { return dict_.begin(); }
+  auto end() const { return dict_.end(); }
+
+  const c10::impl::GenericDict& dict() const { return dict_; }
+  c10::IValue to_ivalue() const { return c10::IValue(dict_); }
+
+ private:
+  c10::impl::GenericDict dict_;
+};
+
+}  // namespace fulgur

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Idempotent set-up: Debian packages + a project-local venv with LibTorch from PyPI.
+# Re-running when everything is present takes seconds.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${FULGUR_VENV:-$root/.venv}"
+
+TORCH_VERSION=2.11.0
+LIGHTNING_VERSION=2.6.6
+SKLEARN_VERSION=1.7.2
+NUMPY_VERSION=2.3.5
+
+debs=(libboost-dev catch2 libbenchmark-dev ccache python3-venv ninja-build)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "[setup] installing Debian packages: ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+stamp="$venv/.fulgur-setup-$TORCH_VERSION-$LIGHTNING_VERSION-$SKLEARN_VERSION"
+if [ ! -f "$stamp" ]; then
+  py="${FULGUR_PYTHON:-python3}"
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  echo "[setup] installing torch==$TORCH_VERSION (LibTorch) into $venv"
+  "$venv/bin/python" -m pip install -q "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" \
+      "scikit-learn==$SKLEARN_VERSION" "lightning==$LIGHTNING_VERSION"
+  touch "$stamp"
+fi
+echo "[setup] ok: $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)')"

@@ -1,0 +1,125 @@
+// Lightning's `devices` parsing (lightning/fabric/utilities/device_parser.py, cpu.py).
+#include <algorithm>
+#include <charconv>
+#include <numeric>
+#include <set>
+#include <string>
+
+#include "fulgur/accelerators/cuda.hpp"
+#include "fulgur/accelerators/device_parsing.hpp"
+#include "fulgur/errors.hpp"
+
+namespace fulgur::detail {
+
+namespace {
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+bool parse_int(std::string_view s, int& out) {
+  s = trim(s);
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && end == s.data() + s.size() && !s.empty();
+}
+
+std::string list_text(const std::vector<int>& ids) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
+  return out + "]";
+}
+
+std::vector<int> all_ids(int available) {
+  std::vector<int> ids(static_cast<std::size_t>(std::max(available, 0)));
+  std::iota(ids.begin(), ids.end(), 0);
+  return ids;
+}
+
+std::vector<int> sanitize_cuda_ids(std::vector<int> ids, int available) {
+  if (ids.empty()) throw AcceleratorError("GPUs requested but none are available.");
+  if (std::set<int>(ids.begin(), ids.end()).size() != ids.size())
+    throw MisconfigurationError("Device ID's (GPU) must be unique.");
+  for (int id : ids)
+    if (id < 0 || id >= available)
+      throw AcceleratorError("You requested gpu: " + list_text(ids) + "\n But your machine only has: " +
+                             list_text(all_ids(available)));
+  return ids;
+}
+}  // namespace
+
+std::vector<int> parse_cpu_devices(int devices) {
+  if (devices <= 0)
+    throw MisconfigurationError("`devices` selected with `CPUAccelerator` should be an int > 0, got " +
+                                std::to_string(devices) + ".");
+  return all_ids(devices);
+}
+
+std::vector<int> parse_cpu_devices(std::string_view devices) {
+  if (trim(devices) == "auto") return parse_cpu_devices(1);
+  int n = 0;
+  if (!parse_int(devices, n))
+    throw MisconfigurationError("`devices` selected with `CPUAccelerator` should be an int > 0, got \"" +
+                                std::string(devices) + "\".");
+  return parse_cpu_devices(n);
+}
+
+std::vector<int> parse_cuda_devices(int devices, int available) {
+  if (devices == 0)
+    throw MisconfigurationError(
+        "`devices=0` is not a valid input using CUDAAccelerator: ask for at least one device (an int > 0, "
+        "-1 for all of them, or a list such as \"1,3\").");
+  if (devices == -1) return sanitize_cuda_ids(all_ids(available), available);
+  if (devices < -1)
+    throw MisconfigurationError("`devices` selected with `CUDAAccelerator` should be an int > 0 or -1, got " +
+                                std::to_string(devices) + ".");
+  return sanitize_cuda_ids(all_ids(devices), available);
+}
+
+std::vector<int> parse_cuda_devices(std::string_view spec, int available) {
+  const std::string_view s = trim(spec);
+  if (s == "-1" || s == "auto") return parse_cuda_devices(-1, available);
+  if (s.find(',') == std::string_view::npos) {
+    int n = 0;
+    if (!parse_int(s, n))
+      throw MisconfigurationError("`devices` selected with `CUDAAccelerator` should be an int, -1, or a "
+                                  "comma-separated list of device ids such as \"1,3\"; got \"" +
+                                  std::string(spec) + "\".");
+    return parse_cuda_devices(n, available);
+  }
+  std::vector<int> ids;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const std::size_t comma = std::min(s.find(',', start), s.size());
+    const std::string_view item = trim(s.substr(start, comma - start));
+    if (!item.empty()) {
+      int id = 0;
+      if (!parse_int(item, id))
+        throw MisconfigurationError("`devices`: \"" + std::string(item) + "\" in \"" + std::string(spec) +
+                                    "\" is not a device id; write ids as \"1,3\".");
+      ids.push_back(id);
+    }
+    start = comma + 1;
+  }
+  return sanitize_cuda_ids(std::move(ids), available);
+}
+
+std::string available_accelerators_text() {
+  return CUDAAccelerator::is_available() ? "['cpu', 'cuda']" : "['cpu']";
+}
+
+}  // namespace fulgur::detail
+
+#if !FULGUR_WITH_CUDA
+// Built without CUDA: the policy exists (so code naming it compiles) and reports no devices.
+namespace fulgur {
+bool CUDAAccelerator::is_available() { return false; }
+int CUDAAccelerator::auto_device_count() { return 0; }
+void CUDAAccelerator::setup_device(const c10::Device&) {
+  throw AcceleratorError("fulgur was built without CUDA (FULGUR_WITH_CUDA=OFF): rebuild with a CUDA toolkit and "
+                         "-DFULGUR_WITH_CUDA=ON, or use CPUAccelerator.");
+}
+void CUDAAccelerator::teardown() {}
+bool CUDAAccelerator::supports_dtype(const c10::Device&, c10::ScalarType) { return false; }
+}  // namespace fulgur
+#endif
