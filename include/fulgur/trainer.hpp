@@ -61,19 +61,12 @@ decltype(auto) range_ref(D& data) {
     return (data);
 }
 
-template <class Precision>
-constexpr bool precision_uses_scaler() {
-  if constexpr (requires { Precision::uses_scaler; })
-    return Precision::uses_scaler;
-  else
-    return false;
-}
-
 }  // namespace detail
 
 template <class A, class S, class P>
 class Trainer {
-  static_assert(assert_compatible<A, S, P>());
+  // Evaluating it fires the broken rule's own static_assert: one error, one sentence.
+  static constexpr bool compatibility_checked_ = assert_compatible<A, S, P>();
 
  public:
   using accelerator_type = A;

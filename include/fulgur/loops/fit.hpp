@@ -224,7 +224,7 @@ FitResult Trainer<A, S, P>::run_fit(Module& module, TrainData& train_data, ValDa
 
   const std::int64_t accumulate = config_.accumulate_grad_batches;
   const bool clip = config_.gradient_clip_val && *config_.gradient_clip_val > 0.0;
-  constexpr bool scaler = detail::precision_uses_scaler<P>();
+  constexpr bool scaler = detail::uses_scaler<P>();
 
   FitResult result;
   StepContext ctx;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fulgur/checkpoint/io.hpp"
+#include "fulgur/compatibility.hpp"
 #include "fulgur/concepts/vocabulary.hpp"
 #include "fulgur/data/apply.hpp"
 #include "fulgur/errors.hpp"
@@ -69,12 +70,14 @@ class SingleDeviceStrategy {
     precision.post_backward(loss, module);
   }
   /// Unscales first (so a scaled loss never reaches the threshold), then clips the precision's
-  /// main parameters; returns the total norm before clipping.
+  /// main parameters; returns the total norm before clipping. With a loss scaler, non-finite
+  /// gradients are the scaler's to handle (it skips the step), so they are never an error.
   template <class Precision>
   at::Tensor clip_gradients_norm(torch::nn::Module&, torch::optim::Optimizer& optimizer, double max_norm,
                                  double norm_type, bool error_if_nonfinite, Precision& precision) {
     precision.unscale_gradients(optimizer);
-    return clip_grad_norm(precision.main_params(optimizer), max_norm, norm_type, error_if_nonfinite);
+    return clip_grad_norm(precision.main_params(optimizer), max_norm, norm_type,
+                          error_if_nonfinite && !detail::uses_scaler<Precision>());
   }
   template <class Precision>
   void clip_gradients_value(torch::nn::Module&, torch::optim::Optimizer& optimizer, double clip_value,

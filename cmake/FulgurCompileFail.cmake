@@ -1,0 +1,33 @@
+# fulgur_compile_fail_test(NAME SOURCE [RULE R] EXPECT "text" [TORCH_FREE])
+#
+# Two ctest cases per call:
+#   compile_fail.NAME       builds SOURCE with -DFULGUR_COMPILE_FAIL[=R]; passes only if the build
+#                           fails AND the compiler output contains EXPECT;
+#   compile_fail.NAME.twin  builds SOURCE without it (the compiling twin); must succeed.
+# Targets are EXCLUDE_FROM_ALL, so `cmake --build` of the project never trips on them.
+function(fulgur_compile_fail_test name source)
+  cmake_parse_arguments(ARG "TORCH_FREE" "RULE;EXPECT" "" ${ARGN})
+  set(fail_target compile_fail_${name})
+  set(twin_target compile_fail_${name}_twin)
+  foreach(target ${fail_target} ${twin_target})
+    add_library(${target} OBJECT EXCLUDE_FROM_ALL ${source})
+    if(ARG_TORCH_FREE)
+      target_link_libraries(${target} PRIVATE fulgur::concepts)
+    else()
+      target_link_libraries(${target} PRIVATE fulgur::fulgur)
+    endif()
+  endforeach()
+  if(ARG_RULE)
+    target_compile_definitions(${fail_target} PRIVATE FULGUR_COMPILE_FAIL=1 FULGUR_RULE_${ARG_RULE}=1)
+    target_compile_definitions(${twin_target} PRIVATE FULGUR_RULE_${ARG_RULE}=1)
+  else()
+    target_compile_definitions(${fail_target} PRIVATE FULGUR_COMPILE_FAIL=1)
+  endif()
+  add_test(NAME compile_fail.${name}
+    COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${CMAKE_BINARY_DIR} -DTARGET=${fail_target}
+            "-DEXPECT=${ARG_EXPECT}" -P ${PROJECT_SOURCE_DIR}/cmake/FulgurExpectBuildFailure.cmake)
+  add_test(NAME compile_fail.${name}.twin
+    COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target ${twin_target})
+  # Builds in one build tree must not run at the same time as each other.
+  set_tests_properties(compile_fail.${name} compile_fail.${name}.twin PROPERTIES RESOURCE_LOCK build_tree LABELS compile_fail)
+endfunction()

@@ -1,0 +1,79 @@
+// CUDA: every precision trains on the GPU; the scaler's CUDA kernels agree with its CPU ones.
+#include <catch2/catch.hpp>
+
+#include "unit/support.hpp"
+
+using namespace fulgur;
+
+template <class P>
+using CudaTrainer = Trainer<CUDAAccelerator, SingleDeviceStrategy, P>;
+
+using CudaPrecisions = std::tuple<FloatPrecision, DoublePrecision, FP16MixedPrecision, BF16MixedPrecision,
+                                  FP16TruePrecision, BF16TruePrecision>;
+
+TEMPLATE_LIST_TEST_CASE("every precision trains on CUDA", "[cuda]", CudaPrecisions) {
+  using P = TestType;
+  torch::manual_seed(1);
+  test::Classifier model(8, 32, 3, /*use_sgd=*/true, /*lr=*/0.05);
+  auto [x, y] = test::classification_data(1024);
+  data::TensorLoader train(x, y, {.batch_size = 64, .shuffle = true});
+  data::TensorLoader val(x, y, {.batch_size = 256});
+  CudaTrainer<P> trainer(test::quiet({.max_epochs = 4}));
+  const auto result = trainer.fit(model, train, val);
+  CHECK(model->fc1->weight.device().is_cuda());
+  CHECK(*result.epochs.back().val_loss < *result.epochs.front().val_loss);
+  CHECK(*result.epochs.back().val_loss < 0.7);
+}
+
+TEST_CASE("16-mixed on CUDA runs fp16 autocast and the scaler on the device", "[cuda]") {
+  CudaTrainer<FP16MixedPrecision> trainer(test::quiet());
+  torch::nn::Linear lin(16, 4);
+  torch::optim::SGD opt(lin->parameters(), 0.1);
+  trainer.setup(lin, opt);
+  at::Tensor out;
+  {
+    auto ctx = trainer.forward_context();
+    out = lin(torch::randn({8, 16}, at::kCUDA));
+    CHECK(out.scalar_type() == at::kHalf);
+  }
+  trainer.backward(out.to(at::kFloat).pow(2).mean());
+  CHECK(trainer.optimizer_step(opt));
+  CHECK(trainer.precision().scaler().scale_tensor().is_cuda());
+}
+
+TEST_CASE("GradScaler: the CUDA kernels give the CPU results", "[cuda]") {
+  auto run = [](c10::Device device) {
+    torch::manual_seed(0);
+    auto p = torch::randn({64}).to(device).requires_grad_(true);
+    torch::optim::SGD opt({p}, 0.01);
+    GradScaler scaler({.init_scale = 1024.0, .growth_interval = 2});
+    for (int i = 0; i < 6; ++i) {
+      auto loss = (p * p).sum() * (i == 3 ? std::numeric_limits<float>::infinity() : 1.0f);
+      scaler.scale(loss).backward();
+      scaler.step(opt);
+      scaler.update();
+      opt.zero_grad();
+    }
+    return std::pair{p.detach().cpu(), scaler.get_scale()};
+  };
+  const auto [cpu_p, cpu_scale] = run(c10::Device(c10::kCPU));
+  const auto [gpu_p, gpu_scale] = run(c10::Device(c10::kCUDA, 0));
+  CHECK(cpu_scale == gpu_scale);
+  CHECK(torch::allclose(cpu_p, gpu_p, 1e-6, 1e-7));
+}
+
+TEST_CASE("CUDA devices: parsing against the real device count; wrong-device batches are clear errors", "[cuda]") {
+  CHECK(CUDAAccelerator::parse_devices(-1).size() == static_cast<std::size_t>(CUDAAccelerator::auto_device_count()));
+  CHECK(CUDAAccelerator::supports_dtype(c10::Device(c10::kCUDA, 0), c10::kHalf));
+  CudaTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+  struct PinnedImpl : test::ClassifierImpl {
+    at::Tensor training_step(const data::Batch& b, std::int64_t) {
+      // moves the model's output to the CPU: a device mismatch inside the step
+      return torch::nn::functional::cross_entropy(forward(b.input).cpu(), b.target);
+    }
+  };
+  auto model = std::make_shared<PinnedImpl>();
+  auto [x, y] = test::classification_data(32);
+  data::TensorLoader loader(x, y, {.batch_size = 16});
+  CHECK_THAT(test::message_of<StepError>([&] { trainer.fit(model, loader); }), Catch::Contains("cuda:0"));
+}

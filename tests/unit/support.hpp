@@ -1,0 +1,105 @@
+#pragma once
+// Shared by the unit tests: golden-value files, a small classifier module, data, comparisons.
+#include <torch/torch.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "fulgur/fulgur.hpp"
+
+namespace test {
+
+/// Reads a file written by scripts/make_golden.py: key -> tensor (dtype and shape as written).
+inline std::map<std::string, at::Tensor> read_golden(const std::string& name) {
+  const std::string path = std::string(FULGUR_GOLDEN_DIR) + "/" + name;
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("golden file " + path + " is missing: ctest runs golden.generate first");
+  std::map<std::string, at::Tensor> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string key, dtype, shape_text, value;
+    fields >> key >> dtype >> shape_text;
+    std::vector<double> values;
+    while (fields >> value) values.push_back(std::strtod(value.c_str(), nullptr));
+    std::vector<std::int64_t> shape;
+    if (shape_text != "-") {
+      std::istringstream dims(shape_text);
+      std::string d;
+      while (std::getline(dims, d, ',')) shape.push_back(std::stoll(d));
+    }
+    const std::map<std::string, at::ScalarType> dtypes{{"float32", at::kFloat},   {"float64", at::kDouble},
+                                                       {"float16", at::kHalf},    {"bfloat16", at::kBFloat16},
+                                                       {"int64", at::kLong},      {"bool", at::kBool}};
+    out[key] = torch::tensor(values, at::kDouble).reshape(shape).to(dtypes.at(dtype));
+  }
+  return out;
+}
+
+/// Bitwise equality of values, dtype and shape.
+inline bool identical(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+         torch::equal(a.to(at::kDouble).nan_to_num(12345.0), b.to(at::kDouble).nan_to_num(12345.0));
+}
+
+/// A small classifier: 2 linear layers with ReLU, Adam or SGD.
+struct ClassifierImpl : torch::nn::Module {
+  explicit ClassifierImpl(std::int64_t in = 8, std::int64_t hidden = 16, std::int64_t classes = 3,
+                          bool use_sgd = false, double lr = 1e-2)
+      : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, classes))),
+        use_sgd(use_sgd),
+        lr(lr) {}
+  at::Tensor forward(const at::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  at::Tensor training_step(const fulgur::data::Batch& b, std::int64_t) {
+    return torch::nn::functional::cross_entropy(forward(b.input), b.target);
+  }
+  at::Tensor validation_step(const fulgur::data::Batch& b, std::int64_t i) { return training_step(b, i); }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    if (use_sgd) return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
+    return std::make_unique<torch::optim::Adam>(parameters(), lr);
+  }
+  torch::nn::Linear fc1, fc2;
+  bool use_sgd;
+  double lr;
+};
+TORCH_MODULE(Classifier);
+
+/// n samples of 8 features; 3 classes that depend on the features (learnable).
+inline std::pair<at::Tensor, at::Tensor> classification_data(std::int64_t n, std::uint64_t seed = 0) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto x = at::randn({n, 8}, gen);
+  auto y = (x.select(1, 0) > 0).to(at::kLong) + (x.select(1, 1) > 0.5).to(at::kLong);
+  return {x, y};
+}
+
+inline std::vector<at::Tensor> snapshot(torch::nn::Module& m) {
+  std::vector<at::Tensor> out;
+  for (auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+template <class Exception>
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Exception& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+using CPU = fulgur::CPUAccelerator;
+using Single = fulgur::SingleDeviceStrategy;
+template <class P>
+using CpuTrainer = fulgur::Trainer<CPU, Single, P>;
+
+inline fulgur::TrainerConfig quiet(fulgur::TrainerConfig c = {}) {
+  c.enable_progress_bar = false;
+  return c;
+}
+
+}  // namespace test

@@ -1,0 +1,453 @@
+// Trainer: parity with hand-written loops, every CPU combination, the loop's rules, bad input.
+#include <ATen/autocast_mode.h>
+#include <catch2/catch.hpp>
+
+#include "unit/support.hpp"
+
+using namespace fulgur;
+
+namespace {
+
+constexpr int kSteps = 30;
+
+/// The same training written by hand against LibTorch: what fit must equal bit for bit.
+std::vector<at::Tensor> hand_written_loop(bool bf16_mixed, std::int64_t accumulate = 1,
+                                          std::optional<double> clip_norm = {}) {
+  torch::manual_seed(7);
+  test::Classifier model;
+  auto [x, y] = test::classification_data(256);
+  torch::optim::Adam optimizer(model->parameters(), 1e-2);
+  data::TensorLoader loader(x, y, {.batch_size = 32, .shuffle = true, .seed = 5});
+  const std::int64_t batches = loader.size();
+  for (std::int64_t epoch = 0; epoch < 2; ++epoch) {
+    const auto order = loader.order_for_epoch(epoch);
+    for (std::int64_t i = 0; i < batches; ++i) {
+      const auto ids = order.narrow(0, i * 32, 32);
+      const auto input = x.index_select(0, ids), target = y.index_select(0, ids);
+      at::Tensor loss;
+      if (bf16_mixed) {
+        at::autocast::set_autocast_enabled(at::kCPU, true);
+        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+        at::autocast::increment_nesting();
+        loss = torch::nn::functional::cross_entropy(model->forward(input), target);
+        if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+        at::autocast::set_autocast_enabled(at::kCPU, false);
+        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+      } else {
+        loss = torch::nn::functional::cross_entropy(model->forward(input), target);
+      }
+      if (accumulate > 1) loss = loss / static_cast<double>(accumulate);
+      loss.backward();
+      if ((i + 1) % accumulate == 0 || i + 1 == batches) {
+        if (clip_norm) clip_grad_norm(model->parameters(), *clip_norm);
+        optimizer.step();
+        optimizer.zero_grad();
+      }
+    }
+  }
+  return test::snapshot(*model);
+}
+
+template <class P>
+std::vector<at::Tensor> fit_weights(TrainerConfig config = {}) {
+  torch::manual_seed(7);
+  test::Classifier model;
+  auto [x, y] = test::classification_data(256);
+  data::TensorLoader loader(x, y, {.batch_size = 32, .shuffle = true, .seed = 5});
+  config.max_epochs = 2;
+  test::CpuTrainer<P> trainer(test::quiet(config));
+  trainer.fit(model, loader);
+  return test::snapshot(*model);
+}
+
+bool all_identical(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("parity: fit gives bit-identical weights to the hand-written loop (32-true)", "[trainer][parity]") {
+  CHECK(all_identical(fit_weights<FloatPrecision>(), hand_written_loop(false)));
+}
+
+TEST_CASE("parity: fit gives bit-identical weights to the hand-written loop (bf16-mixed)", "[trainer][parity]") {
+  const auto fitted = fit_weights<BF16MixedPrecision>();
+  CHECK(all_identical(fitted, hand_written_loop(true)));
+  CHECK_FALSE(all_identical(fitted, hand_written_loop(false)));  // autocast really ran
+}
+
+TEST_CASE("parity: gradient accumulation and norm clipping match the hand-written loop", "[trainer][parity]") {
+  // 8 batches per epoch, accumulate 3: steps after batches 3, 6 and the epoch's last (8).
+  CHECK(all_identical(fit_weights<FloatPrecision>({.accumulate_grad_batches = 3}), hand_written_loop(false, 3)));
+  CHECK(all_identical(fit_weights<FloatPrecision>({.gradient_clip_val = 0.05}), hand_written_loop(false, 1, 0.05)));
+  CHECK_FALSE(all_identical(fit_weights<FloatPrecision>({.gradient_clip_val = 0.05}), hand_written_loop(false)));
+}
+
+using CpuPrecisions = std::tuple<FloatPrecision, DoublePrecision, FP16MixedPrecision, BF16MixedPrecision,
+                                 FP16TruePrecision, BF16TruePrecision>;
+
+TEMPLATE_LIST_TEST_CASE("every compatible CPU combination trains the classifier", "[trainer][combinations]",
+                        CpuPrecisions) {
+  using P = TestType;
+  STATIC_REQUIRE(compatible<CPUAccelerator, SingleDeviceStrategy, P>);
+  torch::manual_seed(1);
+  // SGD: fp16 parameters cannot hold Adam's eps = 1e-8 (it rounds to 0), Lightning users see the same.
+  test::Classifier model(8, 16, 3, /*use_sgd=*/true, /*lr=*/0.05);
+  auto [x, y] = test::classification_data(512);
+  data::TensorLoader train(x, y, {.batch_size = 32, .shuffle = true});
+  data::TensorLoader val(x, y, {.batch_size = 128});
+  test::CpuTrainer<P> trainer(test::quiet({.max_epochs = 4}));
+  CHECK(trainer.combination_name() == "cpu/single_device/" + std::string(P::name));
+  const auto result = trainer.fit(model, train, val);
+  REQUIRE(result.epochs.size() == 4);
+  CHECK(result.global_step == 4 * 16);
+  CHECK(*result.epochs.back().val_loss < *result.epochs.front().val_loss);
+  CHECK(*result.epochs.back().val_loss < 0.7);  // chance level is ln 3 = 1.10
+  const auto param_dtype = model->fc1->weight.scalar_type();
+  if constexpr (requires { P::uses_scaler; } || std::is_same_v<P, FloatPrecision>)
+    CHECK(param_dtype == at::kFloat);  // mixed: float32 master weights
+  else
+    CHECK(param_dtype == P::dtype);
+  CHECK(c10::get_default_dtype_as_scalartype() == at::kFloat);
+  CHECK_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+}
+
+namespace {
+/// Records what the loop hands it: dtypes inside the step, hooks, logged values.
+struct SpyImpl : torch::nn::Module {
+  SpyImpl() : fc(register_module("fc", torch::nn::Linear(8, 3))) {}
+  at::Tensor training_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
+    input_dtypes.push_back(b.input.scalar_type());
+    target_dtypes.push_back(b.target.scalar_type());
+    default_dtypes.push_back(c10::get_default_dtype_as_scalartype());
+    autocast.push_back(at::autocast::is_autocast_enabled(at::kCPU));
+    positions.emplace_back(ctx.current_epoch, ctx.batch_idx);
+    auto loss = torch::nn::functional::cross_entropy(fc(b.input), b.target);
+    ctx.log("double_loss", loss * 2);
+    return loss;
+  }
+  at::Tensor validation_step(const data::Batch& b, std::int64_t) {
+    CHECK_FALSE(is_training());
+    CHECK_FALSE(torch::GradMode::is_enabled());
+    return torch::nn::functional::cross_entropy(fc(b.input), b.target);
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    hooks.push_back("configure_optimizers");
+    return std::make_unique<torch::optim::SGD>(parameters(), 0.1);
+  }
+  void on_fit_start() { hooks.push_back("on_fit_start"); }
+  void on_train_start() { hooks.push_back("on_train_start"); }
+  void on_train_epoch_start() { hooks.push_back("on_train_epoch_start"); }
+  void on_train_epoch_end() { hooks.push_back("on_train_epoch_end"); }
+  void on_validation_epoch_end() { hooks.push_back("on_validation_epoch_end"); }
+  void on_train_end() { hooks.push_back("on_train_end"); }
+  torch::nn::Linear fc;
+  std::vector<at::ScalarType> input_dtypes, target_dtypes, default_dtypes;
+  std::vector<bool> autocast;
+  std::vector<std::pair<std::int64_t, std::int64_t>> positions;
+  std::vector<std::string> hooks;
+};
+TORCH_MODULE(Spy);
+
+template <class P>
+Spy run_spy(TrainerConfig config = {.max_epochs = 2}) {
+  Spy spy;
+  auto [x, y] = test::classification_data(40);
+  data::TensorLoader train(x, y, {.batch_size = 16});
+  data::TensorLoader val(x, y, {.batch_size = 16});
+  test::CpuTrainer<P> trainer(test::quiet(config));
+  trainer.fit(spy, train, val);
+  return spy;
+}
+}  // namespace
+
+TEST_CASE("dtype flow in fit: inputs converted, targets kept, contexts open only around the step", "[trainer][dtype]") {
+  auto f32 = run_spy<FloatPrecision>();
+  CHECK(f32->input_dtypes.front() == at::kFloat);
+  CHECK(f32->autocast.front() == false);
+  auto f64 = run_spy<DoublePrecision>();
+  CHECK(f64->input_dtypes.front() == at::kDouble);
+  CHECK(f64->default_dtypes.front() == at::kDouble);
+  CHECK(f64->fc->weight.scalar_type() == at::kDouble);
+  auto bf16 = run_spy<BF16MixedPrecision>();
+  CHECK(bf16->input_dtypes.front() == at::kBFloat16);
+  CHECK(bf16->autocast.front() == true);
+  CHECK(bf16->default_dtypes.front() == at::kFloat);
+  auto fp16 = run_spy<FP16TruePrecision>();
+  CHECK(fp16->input_dtypes.front() == at::kHalf);
+  CHECK(fp16->target_dtypes.front() == at::kLong);  // integer targets untouched
+  CHECK(fp16->default_dtypes.front() == at::kHalf);
+  CHECK(c10::get_default_dtype_as_scalartype() == at::kFloat);
+}
+
+TEST_CASE("hooks run in Lightning's order; positions and logged values reach the result", "[trainer][hooks]") {
+  auto spy = run_spy<FloatPrecision>();
+  CHECK(spy->hooks == std::vector<std::string>{"configure_optimizers", "on_fit_start", "on_train_start",
+                                               "on_train_epoch_start", "on_validation_epoch_end", "on_train_epoch_end",
+                                               "on_train_epoch_start", "on_validation_epoch_end", "on_train_epoch_end",
+                                               "on_train_end"});
+  CHECK(spy->positions == std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {1, 2}});
+}
+
+TEST_CASE("validation loss is the batch-size-weighted mean over the data", "[trainer][validation]") {
+  torch::manual_seed(2);
+  test::Classifier model;
+  auto [x, y] = test::classification_data(50);
+  data::TensorLoader train(x, y, {.batch_size = 16});
+  data::TensorLoader val(x, y, {.batch_size = 16});  // 16 + 16 + 16 + 2
+  test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+  const auto result = trainer.fit(model, train, val);
+  torch::NoGradGuard no_grad;
+  model->eval();
+  const double expected = torch::nn::functional::cross_entropy(model->forward(x), y).item<double>();
+  CHECK(*result.epochs.front().val_loss == Approx(expected).epsilon(1e-6));
+  CHECK(result.metrics.at("val_loss") == *result.epochs.front().val_loss);
+  CHECK(trainer.validate(model, val) == Approx(expected).epsilon(1e-6));
+}
+
+TEST_CASE("max_steps, limit_train_batches and check_val_every_n_epoch bound the loop", "[trainer][loop]") {
+  auto [x, y] = test::classification_data(64);
+  data::TensorLoader train(x, y, {.batch_size = 8});
+  data::TensorLoader val(x, y, {.batch_size = 64});
+  test::Classifier model;
+  {
+    test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 10, .max_steps = 11}));
+    const auto r = trainer.fit(model, train);
+    CHECK(r.global_step == 11);
+    CHECK(r.epochs.size() == 2);
+  }
+  {
+    test::CpuTrainer<FloatPrecision> trainer(
+        test::quiet({.max_epochs = 3, .check_val_every_n_epoch = 2, .limit_train_batches = 3}));
+    const auto r = trainer.fit(model, train, val);
+    CHECK(r.global_step == 9);
+    CHECK_FALSE(r.epochs[0].val_loss.has_value());
+    CHECK(r.epochs[1].val_loss.has_value());
+    CHECK_FALSE(r.epochs[2].val_loss.has_value());
+  }
+  {
+    test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1, .accumulate_grad_batches = 3}));
+    CHECK(trainer.fit(model, train).global_step == 3);  // 8 batches: steps after 3, 6, 8
+  }
+}
+
+namespace {
+/// Makes the loss infinite on chosen batches, so the scaler skips those steps.
+struct OverflowImpl : torch::nn::Module {
+  OverflowImpl() : fc(register_module("fc", torch::nn::Linear(8, 3))) {}
+  at::Tensor training_step(const data::Batch& b, std::int64_t batch_idx) {
+    auto loss = torch::nn::functional::cross_entropy(fc(b.input), b.target);
+    return batch_idx == 1 || batch_idx == 2 ? loss * std::numeric_limits<float>::infinity() : loss;
+  }
+  OptimizerConfig configure_optimizers() {
+    auto optimizer = std::make_unique<torch::optim::SGD>(parameters(), 1.0);
+    auto scheduler = std::make_unique<torch::optim::StepLR>(*optimizer, /*step_size=*/1, /*gamma=*/0.5);
+    return {std::move(optimizer), std::move(scheduler), interval};
+  }
+  torch::nn::Linear fc;
+  SchedulerInterval interval = SchedulerInterval::step;
+};
+TORCH_MODULE(Overflow);
+double lr_of(torch::optim::Optimizer& o) { return o.param_groups()[0].options().get_lr(); }
+}  // namespace
+
+TEST_CASE("an LR scheduler steps only when the optimizer really stepped (16-mixed skips)", "[trainer][scheduler]") {
+  Overflow model;
+  auto [x, y] = test::classification_data(48);
+  data::TensorLoader train(x, y, {.batch_size = 8});  // 6 batches, batches 1 and 2 overflow
+  test::CpuTrainer<FP16MixedPrecision> trainer(test::quiet({.max_epochs = 1}));
+  const auto result = trainer.fit(model, train);
+  CHECK(result.global_step == 6);
+  CHECK(result.skipped_optimizer_steps == 2);
+  CHECK(trainer.precision().scaler().get_scale() == 65536.0 / 4);  // backed off twice
+}
+
+namespace {
+struct LrProbeImpl : OverflowImpl {
+  OptimizerConfig configure_optimizers() {
+    auto config = OverflowImpl::configure_optimizers();
+    optimizer = config.optimizer.get();
+    return config;
+  }
+  void on_train_end() { final_lr = lr_of(*optimizer); }
+  torch::optim::Optimizer* optimizer = nullptr;
+  double final_lr = 0;
+};
+TORCH_MODULE(LrProbe);
+}  // namespace
+
+TEST_CASE("scheduler: step interval skips AMP-skipped steps; epoch interval steps once per epoch", "[trainer][scheduler]") {
+  auto [x, y] = test::classification_data(48);
+  data::TensorLoader train(x, y, {.batch_size = 8});
+  {
+    LrProbe probe;
+    test::CpuTrainer<FP16MixedPrecision> trainer(test::quiet({.max_epochs = 1}));
+    trainer.fit(probe, train);
+    CHECK(probe->final_lr == 0.5 * 0.5 * 0.5 * 0.5);
+  }
+  {
+    LrProbe probe;
+    probe->interval = SchedulerInterval::epoch;
+    test::CpuTrainer<FP16MixedPrecision> trainer(test::quiet({.max_epochs = 3}));
+    trainer.fit(probe, train);
+    CHECK(probe->final_lr == 0.5 * 0.5 * 0.5);
+  }
+}
+
+TEST_CASE("fit accepts TORCH_MODULE holders, shared_ptrs, vectors of batches and torch::data loaders", "[trainer][data]") {
+  auto [x, y] = test::classification_data(64);
+  test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+  auto shared = std::make_shared<test::ClassifierImpl>();
+  std::vector<data::Batch> batches{{x.narrow(0, 0, 32), y.narrow(0, 0, 32)}, {x.narrow(0, 32, 32), y.narrow(0, 32, 32)}};
+  CHECK(trainer.fit(shared, batches).global_step == 2);
+
+  struct ExampleNetImpl : torch::nn::Module {
+    ExampleNetImpl() : fc(register_module("fc", torch::nn::Linear(8, 3))) {}
+    at::Tensor training_step(const torch::data::Example<>& b, std::int64_t) {
+      return torch::nn::functional::cross_entropy(fc(b.data), b.target);
+    }
+    std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+      return std::make_unique<torch::optim::SGD>(parameters(), 0.1);
+    }
+    torch::nn::Linear fc;
+  };
+  auto net = std::make_shared<ExampleNetImpl>();
+  auto loader = torch::data::make_data_loader(
+      torch::data::datasets::TensorDataset(x).map(torch::data::transforms::Lambda<torch::data::TensorExample, torch::data::Example<>>(
+          [](torch::data::TensorExample e) { return torch::data::Example<>(e.data, e.data.select(0, 0).gt(0).to(at::kLong)); })).map(
+          torch::data::transforms::Stack<>()),
+      torch::data::DataLoaderOptions().batch_size(16));
+  CHECK(trainer.fit(net, loader).global_step == 4);
+}
+
+TEST_CASE("the Fabric-level verbs make a custom loop", "[trainer][fabric]") {
+  torch::manual_seed(0);
+  test::CpuTrainer<BF16MixedPrecision> trainer(test::quiet());
+  test::Classifier model;
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  trainer.setup(model, optimizer);
+  auto [x, y] = test::classification_data(64);
+  auto loader = trainer.setup_dataloader(data::TensorLoader(x, y, {.batch_size = 16}));
+  double first = 0, last = 0;
+  for (int epoch = 0; epoch < 5; ++epoch)
+    for (const auto& batch : loader) {
+      const auto b = trainer.batch_to_device(batch);
+      at::Tensor loss;
+      {
+        auto ctx = trainer.forward_context();
+        loss = torch::nn::functional::cross_entropy(model->forward(b.input), b.target);
+      }
+      trainer.backward(loss);
+      trainer.clip_gradients(model, optimizer, {.max_norm = 1.0});
+      CHECK(trainer.optimizer_step(optimizer));
+      optimizer.zero_grad();
+      (first == 0 ? first : last) = loss.item<double>();
+    }
+  CHECK(last < first);
+  CHECK(trainer.all_reduce(torch::ones({1}), ReduceOp::sum).item<float>() == 1.0f);
+  CHECK(trainer.is_global_zero());
+}
+
+TEST_CASE("the same seed gives the same run", "[trainer][seed]") {
+  auto run = [] {
+    test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1, .seed = 123}));
+    test::Classifier model;  // initialised after the trainer seeded torch
+    auto [x, y] = test::classification_data(64);
+    data::TensorLoader loader(x, y, {.batch_size = 16, .shuffle = true});
+    trainer.fit(model, loader);
+    return test::snapshot(*model);
+  };
+  CHECK(all_identical(run(), run()));
+}
+
+// ---- bad input: each is a clear error naming where and what to change --------------------------
+
+TEST_CASE("bad input: wrong batch dtype or shape names the step, batch and tensors", "[trainer][errors]") {
+  test::Classifier model;
+  test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+  {
+    auto [x, y] = test::classification_data(32);
+    data::TensorLoader ints(x.to(at::kLong), y, {.batch_size = 16});
+    const auto message = test::message_of<StepError>([&] { trainer.fit(model, ints); });
+    CHECK_THAT(message, Catch::StartsWith("fulgur: training_step at epoch 0, batch 0 (global_step 0) failed under "
+                                          "precision '32-true'"));
+    CHECK_THAT(message, Catch::Contains("batch: input int64[16, 8] on cpu, target int64[16] on cpu"));
+    CHECK_THAT(message, Catch::Contains("the module's parameters are float32 on cpu"));
+  }
+  {
+    data::TensorLoader narrow(torch::randn({32, 7}), torch::zeros({32}, at::kLong), {.batch_size = 16});
+    const auto message = test::message_of<StepError>([&] { trainer.fit(model, narrow); });
+    CHECK_THAT(message, Catch::Contains("input float32[16, 7] on cpu"));
+    CHECK_THAT(message, Catch::Contains("mat1 and mat2 shapes cannot be multiplied"));
+  }
+}
+
+TEST_CASE("bad input: an empty loader, no parameters, no optimizer, a non-scalar loss", "[trainer][errors]") {
+  test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+  test::Classifier model;
+  data::TensorLoader empty(torch::randn({3, 8}), torch::zeros({3}, at::kLong), {.batch_size = 4, .drop_last = true});
+  const auto message = test::message_of<DataError>([&] { trainer.fit(model, empty); });
+  CHECK_THAT(message, Catch::StartsWith("fulgur: the training data yielded no batches in epoch 0 (TensorLoader with 3 "
+                                        "samples, batch_size 4, drop_last)"));
+  std::vector<data::Batch> none;
+  CHECK_THROWS_AS(trainer.fit(model, none), DataError);
+
+  struct EmptyImpl : torch::nn::Module {
+    at::Tensor training_step(const data::Batch& b, std::int64_t) { return b.input.sum(); }
+    std::unique_ptr<torch::optim::Optimizer> configure_optimizers() { return nullptr; }
+  };
+  auto empty_module = std::make_shared<EmptyImpl>();
+  auto [x, y] = test::classification_data(8);
+  data::TensorLoader loader(x, y, {.batch_size = 4});
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { trainer.fit(empty_module, loader); }),
+             Catch::Contains("has no parameters, so there is nothing to train"));
+
+  struct NoOptimizerImpl : torch::nn::Module {
+    NoOptimizerImpl() { register_parameter("w", torch::ones({8})); }
+    at::Tensor training_step(const data::Batch& b, std::int64_t) { return b.input.sum(); }
+    std::unique_ptr<torch::optim::Optimizer> configure_optimizers() { return nullptr; }
+  };
+  auto no_optimizer = std::make_shared<NoOptimizerImpl>();
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { trainer.fit(no_optimizer, loader); }),
+             Catch::StartsWith("fulgur: configure_optimizers() returned no optimizer"));
+
+  struct VectorLossImpl : test::ClassifierImpl {
+    at::Tensor training_step(const data::Batch& b, std::int64_t) {
+      return torch::nn::functional::cross_entropy(forward(b.input), b.target,
+                                                  torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    }
+  };
+  auto vector_loss = std::make_shared<VectorLossImpl>();
+  CHECK_THAT(test::message_of<StepError>([&] { trainer.fit(vector_loss, loader); }),
+             Catch::Contains("returned float32[4] on cpu; return the scalar loss"));
+  CHECK_THROWS_AS(test::CpuTrainer<FloatPrecision>(test::quiet({.accumulate_grad_batches = 0})).fit(model, loader),
+                  MisconfigurationError);
+}
+
+TEST_CASE("bad input: a non-finite loss under 32-true stops the run and names the batch", "[trainer][errors]") {
+  auto [x, y] = test::classification_data(64);
+  x[37][2] = std::numeric_limits<float>::quiet_NaN();  // sample 37 is in batch 4 (batch_size 8)
+  data::TensorLoader loader(x, y, {.batch_size = 8});
+  {
+    test::Classifier model;
+    test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1, .finite_loss_check = FiniteLossCheck::every_step}));
+    const auto message = test::message_of<NonFiniteLossError>([&] { trainer.fit(model, loader); });
+    CHECK_THAT(message, Catch::StartsWith("fulgur: the loss is NaN at training_step at epoch 0, batch 4 (global_step 5)"));
+    CHECK_THAT(message, Catch::Contains("'32-true'"));
+  }
+  {  // default: checked when the loss is read anyway (here: the epoch's last batch)
+    test::Classifier model;
+    test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+    const auto message = test::message_of<NonFiniteLossError>([&] { trainer.fit(model, loader); });
+    CHECK_THAT(message, Catch::Contains("batch 7 (global_step 8)"));
+    CHECK_THAT(message, Catch::Contains("last seen finite at global_step 1"));
+  }
+  {  // under 16-mixed the scaler absorbs it: the steps are skipped, the run goes on
+    test::Classifier model;
+    test::CpuTrainer<FP16MixedPrecision> trainer(test::quiet({.max_epochs = 1}));
+    CHECK(trainer.fit(model, loader).skipped_optimizer_steps >= 1);
+  }
+}
