@@ -1,7 +1,9 @@
 // Trains a classifier on scikit-learn's 8x8 handwritten digits (1797 images, 10 classes) and
 // reports its accuracy on a held-out fifth. Expect about 97-98%; it exits 1 below 95%.
 //
-//   digits_classifier data/digits.csv [--precision 32-true|64-true|16-mixed|bf16-mixed|bf16-true] [--epochs N]
+//   digits_classifier data/digits.csv [--accelerator cpu|cuda] [--precision 32-true|64-true|16-mixed|bf16-mixed|bf16-true]
+//                     [--epochs N]
+// The strings pick one of the compiled Trainer types (fulgur::dispatch).
 #include <fulgur/fulgur.hpp>
 #include <torch/torch.h>
 
@@ -51,10 +53,9 @@ std::pair<at::Tensor, at::Tensor> read_digits(const std::string& path) {
   return {torch::tensor(pixels).reshape({n, 64}) / 16.0, torch::tensor(labels)};
 }
 
-template <class Precision>
+template <class Trainer>
 double train_and_test(const at::Tensor& images, const at::Tensor& labels, std::int64_t epochs) {
-  fulgur::Trainer<fulgur::CPUAccelerator, fulgur::SingleDeviceStrategy, Precision> trainer(
-      {.max_epochs = epochs, .seed = 0});
+  Trainer trainer({.max_epochs = epochs, .seed = 0});
   trainer.print("fulgur: training on ", trainer.combination_name());
 
   const auto order = torch::randperm(images.size(0), at::TensorOptions().dtype(at::kLong));
@@ -82,11 +83,12 @@ double train_and_test(const at::Tensor& images, const at::Tensor& labels, std::i
 }
 
 int main(int argc, char** argv) {
-  std::string path = "data/digits.csv", precision = "32-true";
+  std::string path = "data/digits.csv", accelerator = "cpu", precision = "32-true";
   std::int64_t epochs = 40;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--precision" && i + 1 < argc) precision = argv[++i];
+    else if (arg == "--accelerator" && i + 1 < argc) accelerator = argv[++i];
     else if (arg == "--epochs" && i + 1 < argc) epochs = std::stoll(argv[++i]);
     else path = arg;
   }
@@ -94,13 +96,12 @@ int main(int argc, char** argv) {
   std::cout << "digits: " << images.size(0) << " images of 8x8 pixels, 10 classes\n";
 
   double accuracy = 0;
-  if (precision == "32-true") accuracy = train_and_test<fulgur::FloatPrecision>(images, labels, epochs);
-  else if (precision == "64-true") accuracy = train_and_test<fulgur::DoublePrecision>(images, labels, epochs);
-  else if (precision == "16-mixed") accuracy = train_and_test<fulgur::FP16MixedPrecision>(images, labels, epochs);
-  else if (precision == "bf16-mixed") accuracy = train_and_test<fulgur::BF16MixedPrecision>(images, labels, epochs);
-  else if (precision == "bf16-true") accuracy = train_and_test<fulgur::BF16TruePrecision>(images, labels, epochs);
-  else {
-    std::cerr << "unknown --precision '" << precision << "': use 32-true, 64-true, 16-mixed, bf16-mixed or bf16-true\n";
+  try {
+    accuracy = fulgur::dispatch(accelerator, "single_device", precision, [&](auto trainer_type) {
+      return train_and_test<typename decltype(trainer_type)::type>(images, labels, epochs);
+    });
+  } catch (const fulgur::MisconfigurationError& e) {
+    std::cerr << e.what() << "\n";
     return 2;
   }
   std::printf("test accuracy %.4f (%s)\n", accuracy, precision.c_str());

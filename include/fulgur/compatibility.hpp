@@ -123,6 +123,7 @@ constexpr std::string_view compatibility_reason() {
 }
 
 /// static_asserts compatibility with the rule's own message: exactly one error, not a cascade.
+/// Returns true, so `static_assert(assert_compatible<A, S, P>())` adds no second error.
 template <class A, class S, class P, class V = torch_vocabulary>
 consteval bool assert_compatible() {
   using enum detail::compatibility_rule;
@@ -134,7 +135,7 @@ consteval bool assert_compatible() {
   static_assert(rule != precision_accelerator, FULGUR_MSG_PRECISION_ACCELERATOR);
   static_assert(rule != bf16_scaler, FULGUR_MSG_BF16_SCALER);
   static_assert(rule != strategy_precision, FULGUR_MSG_STRATEGY_PRECISION);
-  return rule == none;
+  return true;
 }
 
 }  // namespace fulgur

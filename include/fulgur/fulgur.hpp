@@ -19,3 +19,4 @@
 #include "fulgur/data/batch.hpp"
 #include "fulgur/data/tensor_loader.hpp"
 #include "fulgur/trainer.hpp"
+#include "fulgur/dispatch.hpp"

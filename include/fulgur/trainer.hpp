@@ -14,6 +14,7 @@
 
 #include <concepts>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -65,8 +66,7 @@ decltype(auto) range_ref(D& data) {
 
 template <class A, class S, class P>
 class Trainer {
-  // Evaluating it fires the broken rule's own static_assert: one error, one sentence.
-  static constexpr bool compatibility_checked_ = assert_compatible<A, S, P>();
+  static_assert(assert_compatible<A, S, P>());  // a broken rule fails inside, with its own sentence
 
  public:
   using accelerator_type = A;
@@ -124,7 +124,7 @@ class Trainer {
     return strategy_.process_dataloader(std::forward<Loader>(loader));
   }
   template <class Batch>
-  auto batch_to_device(const Batch& batch) const { return strategy_.batch_to_device(batch); }
+  auto batch_to_device(const Batch& batch) { return strategy_.batch_to_device(batch); }
   /// The precision's forward context (autocast, default dtype): open it around forward and loss.
   auto forward_context() { return precision_.forward_context(); }
   template <class Data>
@@ -201,6 +201,9 @@ class Trainer {
  private:
   template <class Module, class TrainData, class ValData>
   FitResult run_fit(Module& module, TrainData& train_data, ValData* val_data);
+  template <class Module, class ValData>
+  double validation_loop(Module& module, ValData& val_data, std::int64_t epoch, std::int64_t global_step,
+                         std::map<std::string, double>& metrics);
 
   static std::vector<c10::Device> resolve_devices(const TrainerConfig& config) {
     if (!A::is_available())

@@ -86,12 +86,15 @@ TEST_CASE("parity: gradient accumulation and norm clipping match the hand-writte
   CHECK_FALSE(all_identical(fit_weights<FloatPrecision>({.gradient_clip_val = 0.05}), hand_written_loop(false)));
 }
 
-using CpuPrecisions = std::tuple<FloatPrecision, DoublePrecision, FP16MixedPrecision, BF16MixedPrecision,
-                                 FP16TruePrecision, BF16TruePrecision>;
+// The list of compatible CPU combinations, derived from the policy lists by fulgur::compatible.
+inline constexpr auto cpu_trainers = compatible_trainers(boost::hana::tuple_t<CPUAccelerator>, shipped_strategies,
+                                                         shipped_precisions);
+using CpuTrainers = trainer_tuple_t<cpu_trainers>;
+static_assert(std::tuple_size_v<CpuTrainers> == 6, "all six precisions run on CPU (16-mixed included)");
 
 TEMPLATE_LIST_TEST_CASE("every compatible CPU combination trains the classifier", "[trainer][combinations]",
-                        CpuPrecisions) {
-  using P = TestType;
+                        CpuTrainers) {
+  using P = typename TestType::precision_type;
   STATIC_REQUIRE(compatible<CPUAccelerator, SingleDeviceStrategy, P>);
   torch::manual_seed(1);
   // SGD: fp16 parameters cannot hold Adam's eps = 1e-8 (it rounds to 0), Lightning users see the same.
@@ -99,7 +102,7 @@ TEMPLATE_LIST_TEST_CASE("every compatible CPU combination trains the classifier"
   auto [x, y] = test::classification_data(512);
   data::TensorLoader train(x, y, {.batch_size = 32, .shuffle = true});
   data::TensorLoader val(x, y, {.batch_size = 128});
-  test::CpuTrainer<P> trainer(test::quiet({.max_epochs = 4}));
+  TestType trainer(test::quiet({.max_epochs = 4}));
   CHECK(trainer.combination_name() == "cpu/single_device/" + std::string(P::name));
   const auto result = trainer.fit(model, train, val);
   REQUIRE(result.epochs.size() == 4);
@@ -129,9 +132,11 @@ struct SpyImpl : torch::nn::Module {
     ctx.log("double_loss", loss * 2);
     return loss;
   }
-  at::Tensor validation_step(const data::Batch& b, std::int64_t) {
+  at::Tensor validation_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
     CHECK_FALSE(is_training());
     CHECK_FALSE(torch::GradMode::is_enabled());
+    validation_epochs.push_back(ctx.current_epoch);
+    ctx.log("val_batch_size", static_cast<double>(b.input.size(0)));  // epoch mean weighted by batch size
     return torch::nn::functional::cross_entropy(fc(b.input), b.target);
   }
   std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
@@ -148,18 +153,20 @@ struct SpyImpl : torch::nn::Module {
   std::vector<at::ScalarType> input_dtypes, target_dtypes, default_dtypes;
   std::vector<bool> autocast;
   std::vector<std::pair<std::int64_t, std::int64_t>> positions;
+  std::vector<std::int64_t> validation_epochs;
   std::vector<std::string> hooks;
 };
 TORCH_MODULE(Spy);
 
 template <class P>
-Spy run_spy(TrainerConfig config = {.max_epochs = 2}) {
+Spy run_spy(TrainerConfig config = {.max_epochs = 2}, FitResult* result = nullptr) {
   Spy spy;
   auto [x, y] = test::classification_data(40);
   data::TensorLoader train(x, y, {.batch_size = 16});
   data::TensorLoader val(x, y, {.batch_size = 16});
   test::CpuTrainer<P> trainer(test::quiet(config));
-  trainer.fit(spy, train, val);
+  const auto r = trainer.fit(spy, train, val);
+  if (result) *result = r;
   return spy;
 }
 }  // namespace
@@ -184,7 +191,12 @@ TEST_CASE("dtype flow in fit: inputs converted, targets kept, contexts open only
 }
 
 TEST_CASE("hooks run in Lightning's order; positions and logged values reach the result", "[trainer][hooks]") {
-  auto spy = run_spy<FloatPrecision>();
+  FitResult result;
+  auto spy = run_spy<FloatPrecision>({.max_epochs = 2}, &result);
+  // val batches of 16, 16 and 8: the weighted mean of the logged batch sizes is (16*16*2 + 8*8) / 40
+  CHECK(result.metrics.at("val_batch_size") == Approx((16.0 * 16 * 2 + 8 * 8) / 40));
+  CHECK(spy->validation_epochs == std::vector<std::int64_t>{0, 0, 0, 1, 1, 1});
+  CHECK(result.metrics.count("double_loss") == 1);
   CHECK(spy->hooks == std::vector<std::string>{"configure_optimizers", "on_fit_start", "on_train_start",
                                                "on_train_epoch_start", "on_validation_epoch_end", "on_train_epoch_end",
                                                "on_train_epoch_start", "on_validation_epoch_end", "on_train_epoch_end",
@@ -450,4 +462,21 @@ TEST_CASE("bad input: a non-finite loss under 32-true stops the run and names th
     test::CpuTrainer<FP16MixedPrecision> trainer(test::quiet({.max_epochs = 1}));
     CHECK(trainer.fit(model, loader).skipped_optimizer_steps >= 1);
   }
+}
+
+TEST_CASE("dispatch: run-time strings pick the compiled Trainer type; a wrong choice lists the valid ones",
+          "[dispatch]") {
+  auto name_of = [](auto trainer_type) { return decltype(trainer_type)::type::combination_name(); };
+  CHECK(dispatch("cpu", "single_device", "bf16-mixed", name_of) == "cpu/single_device/bf16-mixed");
+  CHECK(dispatch("cpu", "single_device", "16", name_of) == "cpu/single_device/16-mixed");  // Lightning's alias
+  CHECK(dispatch("gpu", "single_device", "64", name_of) == "cuda/single_device/64-true");
+  int calls = 0;
+  dispatch("cpu", "single_device", "32-true", [&](auto) { ++calls; });
+  CHECK(calls == 1);
+  const auto message = test::message_of<MisconfigurationError>(
+      [&] { dispatch("cpu", "ddp", "32-true", name_of); });
+  CHECK_THAT(message, Catch::StartsWith("fulgur::dispatch: no compiled combination is accelerator='cpu', "
+                                        "strategy='ddp', precision='32-true'."));
+  CHECK_THAT(message, Catch::Contains("cpu/single_device/16-mixed") && Catch::Contains("cuda/single_device/bf16-true"));
+  STATIC_REQUIRE(decltype(boost::hana::length(shipped_trainers))::value == 12);  // 2 accelerators x 6 precisions
 }

@@ -4,7 +4,7 @@
 // convert_input, convert_output, pre_backward, backward, post_backward, unscale_gradients,
 // optimizer_step, main_params, state_dict, load_state_dict, teardown. Torch-free.
 #include <concepts>
-#include <ranges>
+#include <vector>
 #include <string_view>
 
 #include "fulgur/concepts/accelerator.hpp"  // detail::has_policy_name
@@ -38,7 +38,7 @@ template <class P, class V>
 concept precision_optimizer_hooks_for = requires(P& p, typename V::optimizer& optimizer) {
   p.unscale_gradients(optimizer);
   { p.optimizer_step(optimizer) } -> std::same_as<bool>;  // false: the step was skipped
-  { p.main_params(optimizer) } -> std::ranges::range;
+  { p.main_params(optimizer) } -> std::convertible_to<std::vector<typename V::tensor>>;  // what clipping acts on
 };
 
 template <class P, class V>

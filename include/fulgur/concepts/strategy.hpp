@@ -46,7 +46,7 @@ concept strategy_step_for = requires(S& s, const typename V::tensor& loss, typen
 };
 
 template <class S, class V>
-concept strategy_collectives_for = requires(S& s, typename V::tensor& t, std::string_view name) {
+concept strategy_collectives_for = requires(S& s, const typename V::tensor& t, std::string_view name) {
   { s.all_reduce(t, ReduceOp::mean) } -> std::convertible_to<typename V::tensor>;
   { s.all_gather(t) } -> std::convertible_to<typename V::tensor>;
   { s.broadcast(t, 0) } -> std::convertible_to<typename V::tensor>;

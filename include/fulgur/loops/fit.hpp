@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -143,6 +144,14 @@ FitResult Trainer<A, S, P>::fit(Module& module, TrainData& train_data, ValData& 
 template <class A, class S, class P>
 template <class Module, class ValData>
 double Trainer<A, S, P>::validate(Module& module, ValData& val_data) {
+  std::map<std::string, double> metrics;
+  return validation_loop(module, val_data, 0, 0, metrics);
+}
+
+template <class A, class S, class P>
+template <class Module, class ValData>
+double Trainer<A, S, P>::validation_loop(Module& module, ValData& val_data, std::int64_t epoch,
+                                         std::int64_t global_step, std::map<std::string, double>& metrics) {
   auto& m = detail::module_ref(module);
   using M = std::remove_cvref_t<decltype(m)>;
   auto& range = detail::range_ref(val_data);
@@ -155,7 +164,9 @@ double Trainer<A, S, P>::validate(Module& module, ValData& val_data) {
   m.eval();
   StepContext ctx;
   ctx.global_rank = global_rank();
-  ctx.reset(/*accumulate=*/true);
+  ctx.current_epoch = epoch;
+  ctx.global_step = global_step;
+  ctx.reset(/*accumulate=*/true);  // logged values: batch-size-weighted means over the epoch
   at::Tensor weighted_sum;
   double weight = 0.0;
   std::int64_t batch_idx = 0;
@@ -170,8 +181,9 @@ double Trainer<A, S, P>::validate(Module& module, ValData& val_data) {
       auto guard = precision_.forward_context();
       loss = detail::call_validation_step(m, device_batch, batch_idx, ctx);
     } catch (const c10::Error& e) {
-      throw StepError("fulgur: " + detail::position_text("validation_step", 0, batch_idx, 0) +
-                      " failed: " + detail::first_line(e.what_without_backtrace()) + "\n  batch: " +
+      throw StepError("fulgur: " + detail::position_text("validation_step", epoch, batch_idx, global_step) +
+                      " failed under precision '" + std::string(P::name) + "': " +
+                      detail::first_line(e.what_without_backtrace()) + "\n  batch: " +
                       detail::describe_batch(device_batch) + "\n  " + detail::parameters_text(m) +
                       ". Make the batch's dtype, shape and device match what the model expects.");
     }
@@ -182,8 +194,13 @@ double Trainer<A, S, P>::validate(Module& module, ValData& val_data) {
   }
   if (batch_idx == 0)
     throw DataError("fulgur: the validation data yielded no batches; give it data, or call fit without it.");
-  at::Tensor totals = at::stack({weighted_sum, at::scalar_tensor(weight, weighted_sum.options())});
-  totals = strategy_.all_reduce(totals, ReduceOp::sum);
+  const at::Tensor totals =
+      strategy_.all_reduce(at::stack({weighted_sum, at::scalar_tensor(weight, weighted_sum.options())}), ReduceOp::sum);
+  for (const auto& entry : ctx.entries()) {
+    at::Tensor mean = entry.sum / entry.weight;
+    if (entry.options.sync_dist) mean = strategy_.all_reduce(mean, ReduceOp::mean);
+    metrics[entry.name] = mean.template item<double>();
+  }
   m.train(was_training);
   detail::on_validation_epoch_end(m);
   return (totals[0] / totals[1]).template item<double>();
@@ -347,7 +364,7 @@ FitResult Trainer<A, S, P>::run_fit(Module& module, TrainData& train_data, ValDa
     }
     if constexpr (has_val) {
       if ((epoch + 1) % config_.check_val_every_n_epoch == 0) {
-        summary.val_loss = validate(m, *val_data);
+        summary.val_loss = validation_loop(m, *val_data, epoch, global_step, result.metrics);
         result.metrics["val_loss"] = *summary.val_loss;
       }
     }
