@@ -84,7 +84,7 @@ inline std::string_view canonical_precision(std::string_view name) {
 /// Calls f(hana::type_c<Trainer<A, S, P>>) for the compiled combination the strings name, and returns
 /// its result. An unknown or incompatible choice is a MisconfigurationError listing the valid ones.
 template <class F, class Trainers = std::remove_const_t<decltype(shipped_trainers)>>
-decltype(auto) dispatch(std::string_view accelerator, std::string_view strategy, std::string_view precision, F&& f,
+auto dispatch(std::string_view accelerator, std::string_view strategy, std::string_view precision, F&& f,
                         Trainers trainers = shipped_trainers) {
   using First = typename decltype(+hana::at_c<0>(trainers))::type;
   using Result = decltype(f(hana::type_c<First>));

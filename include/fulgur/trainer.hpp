@@ -34,8 +34,8 @@ namespace fulgur {
 
 /// Which gradient clipping Trainer::clip_gradients does: exactly one of clip_val and max_norm.
 struct ClipGradients {
-  std::optional<double> clip_val;
-  std::optional<double> max_norm;
+  std::optional<double> clip_val{};
+  std::optional<double> max_norm{};
   double norm_type = 2.0;
   bool error_if_nonfinite = true;
 };

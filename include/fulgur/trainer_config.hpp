@@ -24,18 +24,18 @@ enum class FiniteLossCheck {
 };
 
 struct TrainerConfig {
-  std::optional<std::int64_t> max_epochs;  ///< unset with max_steps = -1: 1000, as in Lightning
+  std::optional<std::int64_t> max_epochs{};  ///< unset with max_steps = -1: 1000, as in Lightning
   std::int64_t max_steps = -1;             ///< -1: no limit
   std::int64_t accumulate_grad_batches = 1;
-  std::optional<double> gradient_clip_val;  ///< unset or 0: no clipping
+  std::optional<double> gradient_clip_val{};  ///< unset or 0: no clipping
   GradientClipAlgorithm gradient_clip_algorithm = GradientClipAlgorithm::norm;
-  std::optional<std::uint64_t> seed;  ///< seeds torch's generators when the Trainer is built
+  std::optional<std::uint64_t> seed{};  ///< seeds torch's generators when the Trainer is built
   bool deterministic = false;         ///< torch deterministic algorithms on
   std::variant<int, std::string> devices = 1;
   int num_nodes = 1;
   std::int64_t check_val_every_n_epoch = 1;
-  std::optional<std::int64_t> limit_train_batches;  ///< batches per epoch at most
-  std::optional<std::int64_t> limit_val_batches;
+  std::optional<std::int64_t> limit_train_batches{};  ///< batches per epoch at most
+  std::optional<std::int64_t> limit_val_batches{};
   std::int64_t log_every_n_steps = 50;
   FiniteLossCheck finite_loss_check = FiniteLossCheck::at_log_steps;
   std::string default_root_dir = ".";
@@ -46,8 +46,8 @@ enum class SchedulerInterval { epoch, step };
 
 /// What configure_optimizers may return instead of a bare optimizer.
 struct OptimizerConfig {
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::unique_ptr<torch::optim::LRScheduler> lr_scheduler;  ///< optional
+  std::unique_ptr<torch::optim::Optimizer> optimizer{};
+  std::unique_ptr<torch::optim::LRScheduler> lr_scheduler{};  ///< optional
   SchedulerInterval interval = SchedulerInterval::epoch;
   std::int64_t frequency = 1;
 };
@@ -56,15 +56,15 @@ struct EpochSummary {
   std::int64_t epoch = 0;
   std::int64_t global_step = 0;             ///< after the epoch
   double train_loss = 0.0;                  ///< the epoch's last step's loss (unscaled, per micro-batch)
-  std::optional<double> val_loss;           ///< batch-size-weighted mean over the validation data
+  std::optional<double> val_loss{};           ///< batch-size-weighted mean over the validation data
   std::int64_t skipped_optimizer_steps = 0; ///< steps a loss scaler skipped on inf/NaN gradients
 };
 
 struct FitResult {
-  std::vector<EpochSummary> epochs;
+  std::vector<EpochSummary> epochs{};
   std::int64_t global_step = 0;  ///< optimizer steps taken or skipped, as Lightning counts them
   std::int64_t skipped_optimizer_steps = 0;
-  std::map<std::string, double> metrics;  ///< last values of logged metrics (ctx.log), train_loss, val_loss
+  std::map<std::string, double> metrics{};  ///< last values of logged metrics (ctx.log), train_loss, val_loss
 };
 
 }  // namespace fulgur

@@ -8,8 +8,6 @@ using namespace fulgur;
 
 namespace {
 
-constexpr int kSteps = 30;
-
 /// The same training written by hand against LibTorch: what fit must equal bit for bit.
 std::vector<at::Tensor> hand_written_loop(bool bf16_mixed, std::int64_t accumulate = 1,
                                           std::optional<double> clip_norm = {}) {
@@ -397,6 +395,17 @@ TEST_CASE("bad input: wrong batch dtype or shape names the step, batch and tenso
   }
 }
 
+TEST_CASE("bad input: a batch that cannot reach the device names it", "[trainer][errors]") {
+  test::Classifier model;
+  test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+  // meta tensors have no data: they cannot be copied to any device, like a batch on a lost GPU
+  std::vector<data::Batch> batches{{torch::empty({4, 8}, at::Device(at::kMeta)), torch::zeros({4}, at::kLong)}};
+  const auto message = test::message_of<StepError>([&] { trainer.fit(model, batches); });
+  CHECK_THAT(message, Catch::StartsWith("fulgur: moving the batch of training_step at epoch 0, batch 0 (global_step 0) "
+                                        "to cpu failed"));
+  CHECK_THAT(message, Catch::Contains("input float32[4, 8] on meta"));
+}
+
 TEST_CASE("bad input: an empty loader, no parameters, no optimizer, a non-scalar loss", "[trainer][errors]") {
   test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
   test::Classifier model;
@@ -479,4 +488,81 @@ TEST_CASE("dispatch: run-time strings pick the compiled Trainer type; a wrong ch
                                         "strategy='ddp', precision='32-true'."));
   CHECK_THAT(message, Catch::Contains("cpu/single_device/16-mixed") && Catch::Contains("cuda/single_device/bf16-true"));
   STATIC_REQUIRE(decltype(boost::hana::length(shipped_trainers))::value == 12);  // 2 accelerators x 6 precisions
+}
+
+// ---- extension: policies written outside the library train through Trainer --------------------
+namespace user_policies {
+// The example of docs/concepts/precision.md, verbatim in substance.
+class CountingPrecision {
+ public:
+  static constexpr std::string_view name = "32-true";
+  void convert_module(torch::nn::Module&) {}
+  NullContext module_init_context() { return {}; }
+  NullContext tensor_init_context() { return {}; }
+  NullContext forward_context() { return {}; }
+  template <class Data> Data convert_input(Data data) { return data; }
+  template <class Data> Data convert_output(Data data) { return data; }
+  void pre_backward(const at::Tensor&, torch::nn::Module&) {}
+  void backward(const at::Tensor& loss, torch::nn::Module&) { loss.backward(); }
+  void post_backward(const at::Tensor&, torch::nn::Module&) {}
+  void unscale_gradients(torch::optim::Optimizer&) {}
+  bool optimizer_step(torch::optim::Optimizer& optimizer) {
+    optimizer.step();
+    ++steps_;
+    return true;
+  }
+  std::vector<at::Tensor> main_params(torch::optim::Optimizer& optimizer) {
+    std::vector<at::Tensor> params;
+    for (auto& group : optimizer.param_groups())
+      for (auto& p : group.params()) params.push_back(p);
+    return params;
+  }
+  StateDict state_dict() const {
+    StateDict state;
+    state.insert("steps", steps_);
+    return state;
+  }
+  void load_state_dict(const StateDict& state) {
+    if (state.contains("steps")) steps_ = state.at("steps").toInt();
+  }
+  void teardown() {}
+  std::int64_t steps() const { return steps_; }
+
+ private:
+  std::int64_t steps_ = 0;
+};
+
+// An accelerator from scratch (no fulgur base): the host, under another name.
+struct HostAccelerator {
+  static constexpr std::string_view name = "host";
+  static constexpr c10::DeviceType device_type = c10::kCPU;
+  static bool is_available() { return true; }
+  static int auto_device_count() { return 1; }
+  static std::vector<int> parse_devices(int n) { return std::vector<int>(static_cast<std::size_t>(n), 0); }
+  static std::vector<int> parse_devices(std::string_view) { return {0}; }
+  static std::vector<c10::Device> get_parallel_devices(const std::vector<int>& ids) {
+    return std::vector<c10::Device>(ids.size(), c10::Device(c10::kCPU));
+  }
+  void setup_device(const c10::Device&) { ++setups; }
+  void teardown() {}
+  int setups = 0;
+};
+}  // namespace user_policies
+
+TEST_CASE("policies written outside the library satisfy the concepts and train through Trainer", "[trainer][extension]") {
+  using user_policies::CountingPrecision;
+  using user_policies::HostAccelerator;
+  STATIC_REQUIRE(precision<CountingPrecision>);
+  STATIC_REQUIRE(accelerator<HostAccelerator>);
+  STATIC_REQUIRE(compatible<HostAccelerator, SingleDeviceStrategy, CountingPrecision>);
+  fulgur::Trainer<HostAccelerator, SingleDeviceStrategy, CountingPrecision> trainer(test::quiet({.max_epochs = 2}));
+  CHECK(trainer.accelerator().setups == 1);
+  CHECK(trainer.combination_name() == "host/single_device/32-true");
+  test::Classifier model;
+  auto [x, y] = test::classification_data(64);
+  data::TensorLoader loader(x, y, {.batch_size = 16});
+  const auto result = trainer.fit(model, loader);
+  CHECK(trainer.precision().steps() == 8);
+  CHECK(result.global_step == 8);
+  CHECK(trainer.precision().state_dict().at("steps").toInt() == 8);
 }

@@ -100,6 +100,21 @@ inline std::string position_text(const char* step, std::int64_t epoch, std::int6
          " (global_step " + std::to_string(global_step) + ")";
 }
 
+/// The batch on the strategy's device with the model inputs in the precision's dtype; a batch
+/// that cannot get there (a tensor on another or a meta device, say) is a StepError naming it.
+template <class Strategy, class Precision, class Batch>
+auto prepare_batch(Strategy& strategy, Precision& precision, const Batch& batch, const char* step,
+                   std::int64_t epoch, std::int64_t batch_idx, std::int64_t global_step) {
+  try {
+    return convert_model_inputs(precision, strategy.batch_to_device(batch));
+  } catch (const c10::Error& e) {
+    throw StepError("fulgur: moving the batch of " + position_text(step, epoch, batch_idx, global_step) + " to " +
+                    strategy.root_device().str() + " failed: " + first_line(e.what_without_backtrace()) +
+                    "\n  batch: " + describe_batch(batch) +
+                    ". Give the loader tensors on the CPU (or on the training device).");
+  }
+}
+
 inline std::string parameters_text(torch::nn::Module& module) {
   for (const auto& p : module.parameters())
     return "the module's parameters are " + dtype_name(p.scalar_type()) + " on " + p.device().str();
@@ -172,7 +187,7 @@ double Trainer<A, S, P>::validation_loop(Module& module, ValData& val_data, std:
   std::int64_t batch_idx = 0;
   for (auto&& batch : range) {
     if (config_.limit_val_batches && batch_idx >= *config_.limit_val_batches) break;
-    auto device_batch = detail::convert_model_inputs(precision_, strategy_.batch_to_device(batch));
+    auto device_batch = detail::prepare_batch(strategy_, precision_, batch, "validation_step", epoch, batch_idx, global_step);
     const std::int64_t batch_size = data::extract_batch_size(device_batch);
     ctx.batch_idx = batch_idx;
     ctx.set_batch_size(batch_size);
@@ -212,7 +227,7 @@ FitResult Trainer<A, S, P>::run_fit(Module& module, TrainData& train_data, ValDa
   constexpr bool has_val = !std::is_same_v<ValData, detail::NoValidationData>;
   auto& m = detail::module_ref(module);
   using M = std::remove_cvref_t<decltype(m)>;
-  auto& train = detail::range_ref(train_data);
+  auto&& train = strategy_.process_dataloader(detail::range_ref(train_data));  // a strategy may shard it
   using Batch = detail::batch_of_t<std::remove_reference_t<decltype(train)>>;
   static_assert(training_module<M, Batch>,
                 "fulgur: the module must derive from torch::nn::Module and define "
@@ -277,7 +292,8 @@ FitResult Trainer<A, S, P>::run_fit(Module& module, TrainData& train_data, ValDa
     while (current) {
       // One batch of look-ahead tells whether this batch is the epoch's last (accumulation flushes there).
       const bool is_last = it == end || (limit >= 0 && batch_idx + 1 >= limit);
-      auto device_batch = detail::convert_model_inputs(precision_, strategy_.batch_to_device(*current));
+      auto device_batch =
+          detail::prepare_batch(strategy_, precision_, *current, "training_step", epoch, batch_idx, global_step);
       ctx.batch_idx = batch_idx;
       ctx.global_step = global_step;
 

@@ -11,6 +11,7 @@ namespace fulgur {
 /// A context that does nothing (the 32-true contexts).
 struct NullContext {
   NullContext() = default;
+  ~NullContext() {}  // user-provided, so `auto ctx = p.forward_context();` is not flagged as unused
   NullContext(const NullContext&) = delete;
   NullContext& operator=(const NullContext&) = delete;
 };
