@@ -121,6 +121,17 @@ inline std::string parameters_text(torch::nn::Module& module) {
   return "the module has no parameters";
 }
 
+/// The StepError for a step that LibTorch refused: where, why, the batch and the model.
+template <class Batch>
+StepError step_failure(const char* step, std::int64_t epoch, std::int64_t batch_idx, std::int64_t global_step,
+                       std::string_view precision, const c10::Error& error, const Batch& batch,
+                       torch::nn::Module& module) {
+  return StepError("fulgur: " + position_text(step, epoch, batch_idx, global_step) + " failed under precision '" +
+                   std::string(precision) + "': " + first_line(error.what_without_backtrace()) + "\n  batch: " +
+                   describe_batch(batch) + "\n  " + parameters_text(module) +
+                   ". Make the batch's dtype, shape and device match what the model expects.");
+}
+
 inline std::string fixed(double v) {
   char text[32];
   std::snprintf(text, sizeof text, "%.4f", v);
@@ -196,11 +207,7 @@ double Trainer<A, S, P>::validation_loop(Module& module, ValData& val_data, std:
       auto guard = precision_.forward_context();
       loss = detail::call_validation_step(m, device_batch, batch_idx, ctx);
     } catch (const c10::Error& e) {
-      throw StepError("fulgur: " + detail::position_text("validation_step", epoch, batch_idx, global_step) +
-                      " failed under precision '" + std::string(P::name) + "': " +
-                      detail::first_line(e.what_without_backtrace()) + "\n  batch: " +
-                      detail::describe_batch(device_batch) + "\n  " + detail::parameters_text(m) +
-                      ". Make the batch's dtype, shape and device match what the model expects.");
+      throw detail::step_failure("validation_step", epoch, batch_idx, global_step, P::name, e, device_batch, m);
     }
     const at::Tensor contribution = loss.detach().to(at::kDouble) * static_cast<double>(batch_size);
     weighted_sum = weighted_sum.defined() ? weighted_sum + contribution : contribution;
@@ -310,11 +317,7 @@ FitResult Trainer<A, S, P>::run_fit(Module& module, TrainData& train_data, ValDa
         if (accumulate > 1) loss = loss / static_cast<double>(accumulate);
         strategy_.backward(loss, m, precision_);
       } catch (const c10::Error& e) {
-        throw StepError("fulgur: " + detail::position_text("training_step", epoch, batch_idx, global_step) +
-                        " failed under precision '" + std::string(P::name) + "': " +
-                        detail::first_line(e.what_without_backtrace()) + "\n  batch: " +
-                        detail::describe_batch(device_batch) + "\n  " + detail::parameters_text(m) +
-                        ". Make the batch's dtype, shape and device match what the model expects.");
+        throw detail::step_failure("training_step", epoch, batch_idx, global_step, P::name, e, device_batch, m);
       }
 
       const bool step_now = (batch_idx + 1) % accumulate == 0 || is_last;
