@@ -99,6 +99,24 @@ def shuffling(out):
     write(os.path.join(out, "shuffle.txt"), entries)
 
 
+def distributed_sampler(out):
+    """Python's DistributedSampler indices for (N, world, rank, shuffle, seed, epoch, drop_last)."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    entries = []
+    cases = [(10, 2, 0, True, 0, 0, False), (10, 2, 1, True, 0, 0, False), (10, 3, 2, True, 0, 1, False),
+             (11, 4, 3, True, 5, 2, False), (11, 4, 3, True, 5, 2, True), (11, 4, 0, False, 0, 0, False),
+             (3, 4, 3, True, 1, 0, False), (100, 7, 6, True, 42, 9, True), (100, 7, 2, False, 0, 0, True),
+             (1, 2, 1, True, 0, 0, False)]
+    for n, world, rank, shuffle, seed, epoch, drop_last in cases:
+        sampler = DistributedSampler(list(range(n)), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed,
+                                     drop_last=drop_last)
+        sampler.set_epoch(epoch)
+        key = f"sampler.{n}.{world}.{rank}.{int(shuffle)}.{seed}.{epoch}.{int(drop_last)}"
+        entries.append((key, torch.tensor(list(iter(sampler)), dtype=torch.float64)))
+    write(os.path.join(out, "distributed_sampler.txt"), entries)
+
+
 if __name__ == "__main__":
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -106,4 +124,5 @@ if __name__ == "__main__":
     autocast(out)
     clipping(out)
     shuffling(out)
+    distributed_sampler(out)
     print(f"golden values written to {out} (torch {torch.__version__})")

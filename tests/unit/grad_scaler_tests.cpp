@@ -203,3 +203,47 @@ TEST_CASE("TensorLoader's epoch order equals Python's randperm with seed + epoch
     CHECK(torch::equal(torch::cat(seen), g[key].to(at::kLong)));
   }
 }
+
+TEST_CASE("DistributedSampler gives Python's DistributedSampler indices", "[data][distributed][golden]") {
+  auto g = test::read_golden("distributed_sampler.txt");
+  REQUIRE(g.size() == 10);
+  for (const auto& [key, expected] : g) {
+    INFO(key);
+    std::istringstream fields(key.substr(std::string("sampler.").size()));
+    std::vector<std::int64_t> v;
+    for (std::string item; std::getline(fields, item, '.');) v.push_back(std::stoll(item));
+    const auto [n, world, rank, shuffle, seed, epoch, drop_last] = std::tuple{v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+    data::DistributedSampler sampler(n, {.rank = static_cast<int>(rank), .world_size = static_cast<int>(world),
+                                         .shuffle = shuffle == 1, .seed = static_cast<std::uint64_t>(seed),
+                                         .drop_last = drop_last == 1});
+    CHECK(torch::equal(sampler.indices(epoch), expected.to(at::kLong)));
+    CHECK(sampler.num_samples() == expected.size(0));
+  }
+  CHECK_THAT(test::message_of<DataError>([] { data::DistributedSampler(10, {.rank = 2, .world_size = 2}); }),
+             Catch::StartsWith("Invalid rank 2, rank should be in the interval [0, 1]"));
+}
+
+TEST_CASE("a sharded TensorLoader: equal, disjoint shards covering the data, a new order each epoch", "[data][distributed]") {
+  const auto x = torch::arange(10).unsqueeze(1), y = torch::arange(10);
+  std::vector<at::Tensor> seen;
+  for (int rank = 0; rank < 3; ++rank) {
+    data::TensorLoader loader(x, y, {.batch_size = 2, .shuffle = true, .seed = 3});
+    loader.shard(rank, 3);
+    CHECK(loader.num_samples() == 4);  // ceil(10 / 3), padded
+    CHECK(loader.size() == 2);
+    loader.set_epoch(0);
+    std::vector<at::Tensor> mine;
+    for (const auto& b : loader) mine.push_back(b.target);
+    seen.push_back(torch::cat(mine));
+    loader.set_epoch(1);
+    std::vector<at::Tensor> next;
+    for (const auto& b : loader) next.push_back(b.target);
+    CHECK_FALSE(torch::equal(torch::cat(next), seen.back()));
+  }
+  const auto all = std::get<0>(torch::_unique(torch::cat(seen)));
+  CHECK(torch::equal(all, torch::arange(10)));  // every sample seen; 2 padded repeats
+  data::TensorLoader even(x, y, {.batch_size = 4});
+  even.shard(1, 3, /*drop_last=*/true);
+  CHECK(even.num_samples() == 3);
+  CHECK_THAT(even.describe(), Catch::EndsWith("shard 1 of 3 (3 samples)"));
+}

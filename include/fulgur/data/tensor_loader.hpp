@@ -5,6 +5,9 @@
 // DistributedSampler, so an epoch's order depends only on (seed, epoch): a resumed run sees
 // the same batches, and the order matches torch.randperm in Python bit for bit. The Trainer
 // calls set_epoch(e) before each epoch; a plain range-for advances the epoch by itself.
+//
+// shard(rank, world_size) makes it shard-aware: each rank then iterates its own part, chosen by
+// Python's DistributedSampler rule (data/distributed_sampler.hpp), before batching.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -13,7 +16,10 @@
 #include <string>
 
 #include "fulgur/data/batch.hpp"
+#include "fulgur/data/distributed_sampler.hpp"
 #include "fulgur/errors.hpp"
+
+#include <optional>
 
 namespace fulgur::data {
 
@@ -61,29 +67,45 @@ class TensorLoader {
   /// Starts an epoch: the epoch set by set_epoch, or the one after the last begin().
   iterator begin() const {
     const std::int64_t epoch = next_epoch_++;
-    return iterator(this, options_.shuffle ? order_for_epoch(epoch) : at::Tensor());
+    return iterator(this, options_.shuffle || sampler_ ? order_for_epoch(epoch) : at::Tensor());
   }
   std::default_sentinel_t end() const { return {}; }
 
-  /// The number of batches per epoch.
+  /// The number of batches per epoch (of this rank's shard, when sharded).
   std::int64_t size() const {
     const std::int64_t n = num_samples(), b = options_.batch_size;
     return options_.drop_last ? n / b : (n + b - 1) / b;
   }
-  std::int64_t num_samples() const { return inputs_.size(0); }
+  /// Samples per epoch seen by this loader (this rank's share when sharded).
+  std::int64_t num_samples() const { return sampler_ ? sampler_->num_samples() : dataset_size(); }
+  std::int64_t dataset_size() const { return inputs_.size(0); }
+
+  /// Iterate only this rank's part of the data (Python's DistributedSampler rule; drop_last here
+  /// drops the uneven tail instead of padding it with repeated samples).
+  TensorLoader& shard(int rank, int world_size, bool drop_last = false) {
+    sampler_.emplace(dataset_size(), DistributedSamplerOptions{rank, world_size, options_.shuffle, options_.seed, drop_last});
+    return *this;
+  }
+  const std::optional<DistributedSampler>& sampler() const { return sampler_; }
   void set_epoch(std::int64_t epoch) { next_epoch_ = epoch; }
   const TensorLoaderOptions& options() const { return options_; }
 
-  /// The sample order of an epoch (what Python gets from randperm with seed + epoch).
+  /// The sample order of an epoch (what Python gets from randperm with seed + epoch, or from its
+  /// DistributedSampler when sharded).
   at::Tensor order_for_epoch(std::int64_t epoch) const {
+    if (sampler_) return sampler_->indices(epoch);
     auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed + static_cast<std::uint64_t>(epoch));
     return at::randperm(num_samples(), generator, at::TensorOptions().dtype(at::kLong));
   }
 
   std::string describe() const {
-    return "TensorLoader with " + std::to_string(num_samples()) + " samples, batch_size " +
+    return "TensorLoader with " + std::to_string(dataset_size()) + " samples, batch_size " +
            std::to_string(options_.batch_size) + (options_.drop_last ? ", drop_last" : "") +
-           (options_.shuffle ? ", shuffled" : "");
+           (options_.shuffle ? ", shuffled" : "") +
+           (sampler_ ? ", shard " + std::to_string(sampler_->options().rank) + " of " +
+                           std::to_string(sampler_->options().world_size) + " (" + std::to_string(num_samples()) +
+                           " samples)"
+                     : std::string());
   }
 
  private:
@@ -97,6 +119,7 @@ class TensorLoader {
 
   at::Tensor inputs_, targets_;
   TensorLoaderOptions options_;
+  std::optional<DistributedSampler> sampler_;
   mutable std::int64_t next_epoch_ = 0;
 };
 
