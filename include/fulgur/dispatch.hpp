@@ -29,6 +29,7 @@
 #include "fulgur/precision/float.hpp"
 #include "fulgur/precision/half.hpp"
 #include "fulgur/precision/mixed.hpp"
+#include "fulgur/strategies/ddp.hpp"
 #include "fulgur/strategies/single_device.hpp"
 #include "fulgur/trainer.hpp"
 
@@ -38,7 +39,7 @@ namespace hana = boost::hana;
 
 /// The shipped policies, per axis.
 inline constexpr auto shipped_accelerators = hana::tuple_t<CPUAccelerator, CUDAAccelerator>;
-inline constexpr auto shipped_strategies = hana::tuple_t<SingleDeviceStrategy>;
+inline constexpr auto shipped_strategies = hana::tuple_t<SingleDeviceStrategy, DDPStrategy>;
 inline constexpr auto shipped_precisions = hana::tuple_t<FloatPrecision, DoublePrecision, FP16MixedPrecision,
                                                          BF16MixedPrecision, FP16TruePrecision, BF16TruePrecision>;
 

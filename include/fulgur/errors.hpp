@@ -40,4 +40,9 @@ struct GradScalerError : Error {
   using Error::Error;
 };
 
+/// A collective failed or timed out: a peer process ended, or the ranks disagree on what to do.
+struct DistributedError : Error {
+  using Error::Error;
+};
+
 }  // namespace fulgur

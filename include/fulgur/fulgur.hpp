@@ -9,6 +9,7 @@
 #include "fulgur/accelerators/cpu.hpp"
 #include "fulgur/accelerators/cuda.hpp"
 #include "fulgur/strategies/single_device.hpp"
+#include "fulgur/strategies/ddp.hpp"
 #include "fulgur/precision/float.hpp"
 #include "fulgur/precision/double.hpp"
 #include "fulgur/precision/half.hpp"

@@ -27,6 +27,7 @@
 #include "fulgur/compatibility.hpp"
 #include "fulgur/concepts/training_module.hpp"
 #include "fulgur/errors.hpp"
+#include "fulgur/precision/guards.hpp"
 #include "fulgur/step_context.hpp"
 #include "fulgur/trainer_config.hpp"
 
@@ -161,6 +162,15 @@ class Trainer {
     throw MisconfigurationError("You have to specify either `clip_val` or `max_norm` to do gradient clipping!");
   }
 
+  /// While the returned guard lives, backward accumulates gradients without communicating
+  /// (gradient accumulation micro-batches under DDP; nothing to skip on a single device).
+  auto no_backward_sync(bool enabled = true) {
+    if constexpr (requires { strategy_.no_backward_sync(enabled); })
+      return strategy_.no_backward_sync(enabled);
+    else
+      return NullContext{};
+  }
+
   /// Steps the optimizer through the precision; false when the step was skipped (inf/NaN gradients).
   bool optimizer_step(torch::optim::Optimizer& optimizer) { return precision_.optimizer_step(optimizer); }
 
@@ -216,8 +226,10 @@ class Trainer {
         std::visit([](const auto& devices) { return A::parse_devices(devices); }, config.devices);
     return A::get_parallel_devices(ids);
   }
-  static S make_strategy(const std::vector<c10::Device>& devices) {
-    if constexpr (std::constructible_from<S, const std::vector<c10::Device>&>)
+  S make_strategy(const std::vector<c10::Device>& devices) const {
+    if constexpr (std::constructible_from<S, const std::vector<c10::Device>&, const TrainerConfig&>)
+      return S(devices, config_);
+    else if constexpr (std::constructible_from<S, const std::vector<c10::Device>&>)
       return S(devices);
     else
       return S{};

@@ -4,6 +4,8 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -23,6 +25,14 @@ enum class FiniteLossCheck {
   off,
 };
 
+/// DDPStrategy's options (Lightning: DDPStrategy(find_unused_parameters=..., timeout=...)).
+struct DDPOptions {
+  bool find_unused_parameters = false;  ///< off: a parameter without gradient is an error naming it
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< the first gradient bucket, sent early
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< every collective and the rendezvous
+};
+
 struct TrainerConfig {
   std::optional<std::int64_t> max_epochs{};  ///< unset with max_steps = -1: 1000, as in Lightning
   std::int64_t max_steps = -1;             ///< -1: no limit
@@ -40,6 +50,7 @@ struct TrainerConfig {
   FiniteLossCheck finite_loss_check = FiniteLossCheck::at_log_steps;
   std::string default_root_dir = ".";
   bool enable_progress_bar = true;  ///< one line per epoch on global rank 0
+  DDPOptions ddp{};                 ///< used by DDPStrategy
 };
 
 enum class SchedulerInterval { epoch, step };

@@ -85,8 +85,8 @@ TEST_CASE("parity: gradient accumulation and norm clipping match the hand-writte
 }
 
 // The list of compatible CPU combinations, derived from the policy lists by fulgur::compatible.
-inline constexpr auto cpu_trainers = compatible_trainers(boost::hana::tuple_t<CPUAccelerator>, shipped_strategies,
-                                                         shipped_precisions);
+inline constexpr auto cpu_trainers = compatible_trainers(boost::hana::tuple_t<CPUAccelerator>,
+                                                         boost::hana::tuple_t<SingleDeviceStrategy>, shipped_precisions);
 using CpuTrainers = trainer_tuple_t<cpu_trainers>;
 static_assert(std::tuple_size_v<CpuTrainers> == 6, "all six precisions run on CPU (16-mixed included)");
 
@@ -483,11 +483,13 @@ TEST_CASE("dispatch: run-time strings pick the compiled Trainer type; a wrong ch
   dispatch("cpu", "single_device", "32-true", [&](auto) { ++calls; });
   CHECK(calls == 1);
   const auto message = test::message_of<MisconfigurationError>(
-      [&] { dispatch("cpu", "ddp", "32-true", name_of); });
+      [&] { dispatch("cpu", "fsdp", "32-true", name_of); });
   CHECK_THAT(message, Catch::StartsWith("fulgur::dispatch: no compiled combination is accelerator='cpu', "
-                                        "strategy='ddp', precision='32-true'."));
+                                        "strategy='fsdp', precision='32-true'."));
   CHECK_THAT(message, Catch::Contains("cpu/single_device/16-mixed") && Catch::Contains("cuda/single_device/bf16-true"));
-  STATIC_REQUIRE(decltype(boost::hana::length(shipped_trainers))::value == 12);  // 2 accelerators x 6 precisions
+  // 2 accelerators x 2 strategies x 6 precisions, all compatible (Auto picks Gloo or NCCL by device)
+  STATIC_REQUIRE(decltype(boost::hana::length(shipped_trainers))::value == 24);
+  CHECK(dispatch("cpu", "ddp", "bf16-mixed", name_of) == "cpu/ddp/bf16-mixed");
 }
 
 // ---- extension: policies written outside the library train through Trainer --------------------

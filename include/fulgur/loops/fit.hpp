@@ -304,6 +304,7 @@ FitResult Trainer<A, S, P>::run_fit(Module& module, TrainData& train_data, ValDa
       ctx.batch_idx = batch_idx;
       ctx.global_step = global_step;
 
+      const bool step_now = (batch_idx + 1) % accumulate == 0 || is_last;
       at::Tensor loss;
       try {
         {
@@ -315,12 +316,12 @@ FitResult Trainer<A, S, P>::run_fit(Module& module, TrainData& train_data, ValDa
                           " returned " + (loss.defined() ? detail::describe_tensor(loss) : "an undefined tensor") +
                           "; return the scalar loss (reduce it with .mean() or .sum()).");
         if (accumulate > 1) loss = loss / static_cast<double>(accumulate);
+        auto local_only = no_backward_sync(!step_now);  // micro-batches accumulate without communication
         strategy_.backward(loss, m, precision_);
       } catch (const c10::Error& e) {
         throw detail::step_failure("training_step", epoch, batch_idx, global_step, P::name, e, device_batch, m);
       }
 
-      const bool step_now = (batch_idx + 1) % accumulate == 0 || is_last;
       if (step_now) {
         if (clip) {
           if (config_.gradient_clip_algorithm == GradientClipAlgorithm::norm)

@@ -1,0 +1,56 @@
+#pragma once
+// GradientReducer: averages gradients across the process group while backward still runs.
+//
+// Parameters are packed, in reverse registration order (roughly the order backward produces
+// their gradients), into buckets of one dtype and device: the first capped at about 1 MiB so
+// communication starts early, the rest at about 25 MiB. A post-accumulate-grad hook copies each
+// gradient into its bucket; a full bucket is all-reduced asynchronously — always in bucket order,
+// so every rank issues the same collectives in the same order. finalize_backward() waits for all
+// of them, divides by the world size and writes the averages back into the gradients.
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fulgur/distributed/process_group.hpp"
+
+namespace fulgur::distributed {
+
+struct ReducerOptions {
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  bool find_unused_parameters = false;
+};
+
+class GradientReducer {
+ public:
+  GradientReducer(ProcessGroup& group, std::vector<std::pair<std::string, at::Tensor>> named_parameters,
+                  ReducerOptions options = {});
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  /// Arms the hooks for the coming backward (a no-op while sync is off).
+  void prepare_for_backward();
+  /// Completes the buckets (unused parameters: zeros, or an error naming them), waits for every
+  /// all-reduce and writes the averaged gradients back.
+  void finalize_backward();
+  /// Off: backward accumulates locally without communication (gradient accumulation micro-batches).
+  void set_sync(bool enabled) { sync_ = enabled; }
+  bool sync() const { return sync_; }
+
+  std::size_t bucket_count() const;
+  /// Parameter names per bucket, in launch order (for tests and diagnostics).
+  std::vector<std::vector<std::string>> bucket_layout() const;
+
+  struct State;  // opaque
+
+ private:
+  std::unique_ptr<State> state_;
+  bool sync_ = true;
+};
+
+}  // namespace fulgur::distributed

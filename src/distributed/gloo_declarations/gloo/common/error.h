@@ -1,0 +1,2 @@
+#pragma once
+// see ../../README.md

@@ -1,0 +1,6 @@
+#pragma once
+// see ../../README.md
+namespace gloo::transport {
+class Device;
+class UnboundBuffer;
+}  // namespace gloo::transport

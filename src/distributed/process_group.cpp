@@ -1,0 +1,205 @@
+// ProcessGroup over c10d: TCPStore rendezvous, Gloo backend, timeouts turned into named errors.
+#define USE_C10D_GLOO 1
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "fulgur/distributed/process_group.hpp"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <mutex>
+
+#include "fulgur/errors.hpp"
+#include "src/distributed/backends.hpp"
+
+namespace fulgur::distributed {
+
+namespace {
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::mean: return "mean";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+  }
+  return "?";
+}
+
+std::string why(const std::exception& e) {
+  std::string text = e.what();
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) text = c10_error->what_without_backtrace();
+  return text.substr(0, text.find('\n'));
+}
+}  // namespace
+
+struct ProcessGroup::Impl {
+  BackendKind kind;
+  int rank = 0, size = 1;
+  std::chrono::milliseconds timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+
+  /// Waits for `work`; turns every failure into a DistributedError naming op and rank.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op) const {
+    try {
+      if (!work->wait(timeout))
+        throw DistributedError("fulgur: " + op + " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                               " did not finish within the timeout of " + std::to_string(timeout.count()) +
+                               " ms; a peer process has probably stopped. TrainerConfig::ddp.timeout sets it.");
+    } catch (const DistributedError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError("fulgur: " + op + " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                             " failed: " + why(e) +
+                             ". A peer process probably ended (crashed, was killed, or raised an error); this run "
+                             "cannot continue.");
+    }
+  }
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> launch(const std::string& op, F&& f) const {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      throw DistributedError("fulgur: " + op + " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                             " failed: " + why(e) + ". A peer process probably ended; this run cannot continue.");
+    }
+  }
+};
+
+struct PendingCollective::Impl {
+  c10::intrusive_ptr<c10d::Work> work;
+  const ProcessGroup::Impl* group = nullptr;
+  std::string op;
+};
+
+PendingCollective::PendingCollective() = default;
+PendingCollective::~PendingCollective() = default;
+PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
+PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
+void PendingCollective::wait() {
+  if (!impl_) return;
+  auto impl = std::move(impl_);
+  impl->group->wait(impl->work, impl->op);
+}
+
+ProcessGroup::ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std::chrono::milliseconds timeout)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->kind = kind;
+  impl_->rank = env.rank;
+  impl_->size = env.world_size;
+  impl_->timeout = timeout;
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  try {
+    // One store per process, as Python's default group has; each group gets its own key prefix,
+    // so a second Trainer in the same processes never reads the first one's addresses.
+    static std::mutex stores_mutex;
+    static std::map<std::string, c10::intrusive_ptr<c10d::Store>> stores;
+    static std::map<std::string, int> generations;
+    std::lock_guard<std::mutex> lock(stores_mutex);
+    auto& store = stores[where];
+    if (!store) {
+      c10d::TCPStoreOptions options;
+      options.port = static_cast<std::uint16_t>(env.master_port);
+      options.timeout = timeout;
+      if (env.use_agent_store) {
+        // torchrun's agent already serves the store; its keys live under /worker/attempt_<n>.
+        options.isServer = false;
+        options.waitWorkers = false;
+        auto client = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+        store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count),
+                                                       std::move(client));
+      } else {
+        options.isServer = env.rank == 0;
+        options.numWorkers = static_cast<std::size_t>(env.world_size);
+        options.waitWorkers = true;
+        options.multiTenant = true;
+        store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+      }
+    }
+    store->setTimeout(timeout);
+    impl_->store = c10::make_intrusive<c10d::PrefixStore>("fulgur_group_" + std::to_string(generations[where]++), store);
+  } catch (const std::exception& e) {
+    throw DistributedError("fulgur: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
+                           " could not meet the others at " + where + " within " +
+                           std::to_string(timeout.count()) + " ms: " + why(e) +
+                           ". Check MASTER_ADDR/MASTER_PORT and that every rank was started.");
+  }
+  try {
+    impl_->backend = kind == BackendKind::gloo
+                         ? detail::make_gloo_backend(impl_->store, env.rank, env.world_size, timeout)
+                         : detail::make_nccl_backend(impl_->store, env.rank, env.world_size, timeout);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DistributedError("fulgur: rank " + std::to_string(env.rank) + " could not connect the " +
+                           (kind == BackendKind::gloo ? "Gloo" : "NCCL") + " backend through " + where + ": " +
+                           why(e) + ".");
+  }
+}
+
+ProcessGroup::~ProcessGroup() = default;
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::size() const { return impl_->size; }
+BackendKind ProcessGroup::kind() const { return impl_->kind; }
+std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
+
+void ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  const std::string name = std::string("all_reduce(") + op_name(op) + ")";
+  c10d::AllreduceOptions options;
+  const bool divide = op == ReduceOp::mean;
+  options.reduceOp = op == ReduceOp::max ? c10d::ReduceOp::MAX
+                     : op == ReduceOp::min ? c10d::ReduceOp::MIN
+                                           : c10d::ReduceOp::SUM;
+  std::vector<at::Tensor> tensors{tensor};
+  impl_->wait(impl_->launch(name, [&] { return impl_->backend->allreduce(tensors, options); }), name);
+  if (divide) {
+    if (at::isFloatingType(tensor.scalar_type()) || at::isComplexType(tensor.scalar_type()))
+      tensor.div_(impl_->size);
+    else
+      tensor.copy_(tensor / impl_->size);  // integer mean truncates, as Lightning's
+  }
+}
+
+PendingCollective ProcessGroup::all_reduce_sum_async(const at::Tensor& tensor) {
+  std::vector<at::Tensor> tensors{tensor};
+  PendingCollective pending;
+  pending.impl_ = std::make_unique<PendingCollective::Impl>();
+  pending.impl_->op = "all_reduce(gradients)";
+  pending.impl_->group = impl_.get();
+  pending.impl_->work = impl_->launch(pending.impl_->op, [&] { return impl_->backend->allreduce(tensors); });
+  return pending;
+}
+
+void ProcessGroup::broadcast(const at::Tensor& tensor, int src) {
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = src;
+  impl_->wait(impl_->launch("broadcast", [&] { return impl_->backend->broadcast(tensors, options); }), "broadcast");
+}
+
+std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int i = 0; i < impl_->size; ++i) outputs[0].push_back(at::empty_like(tensor));
+  std::vector<at::Tensor> inputs{tensor.contiguous()};
+  impl_->wait(impl_->launch("all_gather", [&] { return impl_->backend->allgather(outputs, inputs); }), "all_gather");
+  return outputs[0];
+}
+
+void ProcessGroup::barrier() {
+  c10d::BarrierOptions options;
+  options.timeout = impl_->timeout;
+  impl_->wait(impl_->launch("barrier", [&] { return impl_->backend->barrier(options); }), "barrier");
+}
+
+namespace detail {
+c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                    std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+}
+}  // namespace detail
+
+}  // namespace fulgur::distributed

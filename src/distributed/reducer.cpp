@@ -1,0 +1,174 @@
+#include "fulgur/distributed/reducer.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <mutex>
+
+#include "fulgur/errors.hpp"
+
+namespace fulgur::distributed {
+
+struct GradientReducer::State {
+  struct Slot {
+    std::string name;
+    at::Tensor param;
+    std::size_t bucket = 0;
+    std::int64_t offset = 0;  // in elements, within the bucket's flat buffer
+    bool ready = false;
+  };
+  struct Bucket {
+    at::Tensor flat;
+    std::vector<std::size_t> slots;
+    std::size_t pending = 0;
+    PendingCollective work;
+  };
+
+  ProcessGroup* group = nullptr;
+  ReducerOptions options;
+  std::vector<Slot> slots;
+  std::vector<Bucket> buckets;
+  std::size_t next_to_launch = 0;
+  bool armed = false;
+  std::mutex mutex;  // hooks may run on autograd's device threads
+
+  void on_gradient(std::size_t index) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!armed) return;
+    Slot& slot = slots[index];
+    if (slot.ready) return;  // a parameter used twice in the graph accumulates once
+    const at::Tensor& grad = slot.param.grad();
+    Bucket& bucket = buckets[slot.bucket];
+    bucket.flat.narrow(0, slot.offset, slot.param.numel()).copy_(grad.reshape({-1}));
+    slot.ready = true;
+    if (--bucket.pending == 0) launch_ready();
+  }
+
+  void launch_ready() {
+    while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) {
+      Bucket& bucket = buckets[next_to_launch++];
+      bucket.work = group->all_reduce_sum_async(bucket.flat);
+    }
+  }
+};
+
+namespace {
+struct GradientReadyHook final : torch::autograd::PostAccumulateGradHook {
+  GradientReducer::State* state;
+  std::size_t index;
+  GradientReadyHook(GradientReducer::State* s, std::size_t i) : state(s), index(i) {}
+  void operator()(const torch::autograd::Variable&) override { state->on_gradient(index); }
+};
+}  // namespace
+
+GradientReducer::GradientReducer(ProcessGroup& group, std::vector<std::pair<std::string, at::Tensor>> named_parameters,
+                                 ReducerOptions options)
+    : state_(std::make_unique<State>()) {
+  state_->group = &group;
+  state_->options = options;
+  // Reverse registration order: the last layers' gradients come first in backward.
+  for (auto it = named_parameters.rbegin(); it != named_parameters.rend(); ++it)
+    if (it->second.requires_grad()) state_->slots.push_back({it->first, it->second, 0, 0, false});
+  std::size_t bucket_bytes = 0;
+  for (std::size_t i = 0; i < state_->slots.size(); ++i) {
+    auto& slot = state_->slots[i];
+    const std::size_t bytes = static_cast<std::size_t>(slot.param.numel()) * slot.param.element_size();
+    const std::size_t cap = state_->buckets.size() <= 1 ? options.first_bucket_bytes : options.bucket_bytes;
+    const bool fits = !state_->buckets.empty() && bucket_bytes + bytes <= cap &&
+                      state_->slots[state_->buckets.back().slots.front()].param.scalar_type() == slot.param.scalar_type() &&
+                      state_->slots[state_->buckets.back().slots.front()].param.device() == slot.param.device();
+    if (!fits) {
+      state_->buckets.emplace_back();
+      bucket_bytes = 0;
+    }
+    auto& bucket = state_->buckets.back();
+    slot.bucket = state_->buckets.size() - 1;
+    slot.offset = bucket.slots.empty() ? 0
+                                       : state_->slots[bucket.slots.back()].offset +
+                                             state_->slots[bucket.slots.back()].param.numel();
+    bucket.slots.push_back(i);
+    bucket_bytes += bytes;
+  }
+  for (auto& bucket : state_->buckets) {
+    const auto& last = state_->slots[bucket.slots.back()];
+    bucket.flat = at::zeros({last.offset + last.param.numel()}, last.param.options().requires_grad(false));
+  }
+  for (std::size_t i = 0; i < state_->slots.size(); ++i)
+    torch::autograd::impl::set_post_acc_grad_hooks(state_->slots[i].param,
+                                                   std::make_unique<GradientReadyHook>(state_.get(), i));
+}
+
+GradientReducer::~GradientReducer() {
+  for (auto& slot : state_->slots) torch::autograd::impl::post_acc_grad_hooks(slot.param).reset();
+}
+
+void GradientReducer::prepare_for_backward() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->armed = sync_;
+  if (!sync_) return;
+  state_->next_to_launch = 0;
+  for (auto& slot : state_->slots) slot.ready = false;
+  for (auto& bucket : state_->buckets) bucket.pending = bucket.slots.size();
+}
+
+void GradientReducer::finalize_backward() {
+  State& s = *state_;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (!s.armed) return;
+    s.armed = false;
+    std::vector<std::string> unused;
+    for (auto& bucket : s.buckets) {
+      if (bucket.pending == 0) continue;
+      for (std::size_t index : bucket.slots) {
+        auto& slot = s.slots[index];
+        if (slot.ready) continue;
+        if (!s.options.find_unused_parameters) {
+          unused.push_back(slot.name);
+          continue;
+        }
+        bucket.flat.narrow(0, slot.offset, slot.param.numel()).zero_();  // contributes nothing, receives the mean
+        slot.ready = true;
+        --bucket.pending;
+      }
+    }
+    if (!unused.empty()) {
+      std::string names;
+      for (std::size_t i = 0; i < unused.size() && i < 10; ++i) names += (i ? "', '" : "'") + unused[i];
+      names += "'";
+      if (unused.size() > 10) names += " and " + std::to_string(unused.size() - 10) + " more";
+      throw DistributedError("fulgur: DDP: the parameter(s) " + names + " got no gradient in this backward on rank " +
+                             std::to_string(s.group->rank()) +
+                             ", so their all-reduce cannot complete. Make every parameter take part in the loss, or "
+                             "set TrainerConfig::ddp.find_unused_parameters = true.");
+    }
+    s.launch_ready();
+  }
+  const double world = static_cast<double>(s.group->size());
+  for (auto& bucket : s.buckets) {
+    bucket.work.wait();
+    if (world > 1) bucket.flat.div_(world);
+    for (std::size_t index : bucket.slots) {
+      auto& slot = s.slots[index];
+      auto averaged = bucket.flat.narrow(0, slot.offset, slot.param.numel()).view(slot.param.sizes());
+      if (slot.param.grad().defined())
+        slot.param.mutable_grad().copy_(averaged);
+      else
+        slot.param.mutable_grad() = averaged.clone();
+    }
+  }
+}
+
+std::size_t GradientReducer::bucket_count() const { return state_->buckets.size(); }
+
+std::vector<std::vector<std::string>> GradientReducer::bucket_layout() const {
+  std::vector<std::vector<std::string>> layout;
+  for (const auto& bucket : state_->buckets) {
+    layout.emplace_back();
+    for (std::size_t index : bucket.slots) layout.back().push_back(state_->slots[index].name);
+  }
+  return layout;
+}
+
+}  // namespace fulgur::distributed

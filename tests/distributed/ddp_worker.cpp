@@ -1,0 +1,256 @@
+// One rank of a multi-process test, started by torchrun (or tests/distributed/fault.sh) with the
+// scenario as argv[1]. Each rank checks its own results; a failure exits non-zero with the reason,
+// which fails the ctest case. Global rank 0 prints "PASS <scenario>" at the end.
+#include <fulgur/fulgur.hpp>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+using namespace fulgur;
+using Gloo = BasicDDPStrategy<backend::Gloo>;
+
+namespace {
+
+int failures = 0;
+int my_rank = 0;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::cerr << "rank " << my_rank << " FAILED: " << what << std::endl;
+    ++failures;
+  }
+}
+
+TrainerConfig config(TrainerConfig c = {}) {
+  c.enable_progress_bar = false;
+  c.devices = 2;
+  if (const char* t = std::getenv("FULGUR_TEST_TIMEOUT_MS")) c.ddp.timeout = std::chrono::milliseconds(std::atoi(t));
+  return c;
+}
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() : fc1(register_module("fc1", torch::nn::Linear(8, 32))), fc2(register_module("fc2", torch::nn::Linear(32, 3))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc2(torch::tanh(fc1(x))); }
+  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+    return torch::nn::functional::cross_entropy(forward(b.input), b.target);
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Net);
+
+std::pair<at::Tensor, at::Tensor> dataset(std::int64_t n) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  auto x = at::randn({n, 8}, gen);
+  auto y = (x.select(1, 0) > 0).to(at::kLong) + (x.select(1, 1) > 0.5).to(at::kLong);
+  return {x, y};
+}
+
+// ---- scenarios ----------------------------------------------------------------------------------
+
+void collectives() {
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config());
+  const int rank = trainer.global_rank(), world = trainer.world_size();
+  check(world == 2, "world size 2");
+  // Lightning's table: rank r holds r + 1; world 2 -> sum 3, max 2, min 1, mean 1.5 (1 for integers).
+  for (auto dtype : {at::kLong, at::kInt, at::kFloat, at::kHalf}) {
+    auto value = [&] { return at::full({3}, rank + 1, at::TensorOptions().dtype(dtype)); };
+    const bool integer = !at::isFloatingType(dtype);
+    std::ostringstream name;
+    name << dtype;
+    check(trainer.all_reduce(value(), ReduceOp::sum).equal(at::full({3}, 3, dtype)), "sum " + name.str());
+    check(trainer.all_reduce(value(), ReduceOp::max).equal(at::full({3}, 2, dtype)), "max " + name.str());
+    check(trainer.all_reduce(value(), ReduceOp::min).equal(at::full({3}, 1, dtype)), "min " + name.str());
+    const auto mean = trainer.all_reduce(value(), ReduceOp::mean);
+    check(mean.equal(integer ? at::full({3}, 1, dtype) : at::full({3}, 1.5, dtype)), "mean " + name.str());
+    check(mean.scalar_type() == dtype, "mean keeps the dtype");
+  }
+  auto in_place = at::full({2}, rank + 1.0);
+  trainer.all_reduce(in_place, ReduceOp::sum);
+  check(in_place.equal(at::full({2}, 3.0)), "all_reduce is in place");
+
+  // all_gather: equal shapes stack; uneven shapes are padded, gathered and trimmed.
+  const auto stacked = trainer.all_gather(at::full({2, 2}, static_cast<float>(rank)));
+  check(stacked.sizes() == at::IntArrayRef({2, 2, 2}) && stacked[1].equal(at::ones({2, 2})), "all_gather stacks");
+  const auto uneven = trainer.strategy().all_gather_uneven(at::full({rank + 1, 2}, static_cast<float>(rank)));
+  check(uneven.size() == 2 && uneven[0].sizes() == at::IntArrayRef({1, 2}) && uneven[1].sizes() == at::IntArrayRef({2, 2}) &&
+            uneven[1].equal(at::ones({2, 2})),
+        "all_gather_uneven trims to each rank's shape");
+
+  auto from_one = at::full({4}, static_cast<float>(rank * 10));
+  trainer.broadcast(from_one, 1);
+  check(from_one.equal(at::full({4}, 10.0f)), "broadcast tensor from rank 1");
+  const std::string text = trainer.strategy().broadcast(rank == 0 ? std::string("hello from rank 0") : std::string(), 0);
+  check(text == "hello from rank 0", "broadcast string, got '" + text + "'");
+  trainer.barrier();
+  check(trainer.strategy().reduce_boolean_decision(rank == 0, /*all=*/true) == false, "all() of {true,false}");
+  check(trainer.strategy().reduce_boolean_decision(rank == 0, /*all=*/false) == true, "any() of {true,false}");
+  check(trainer.strategy().reduce_boolean_decision(true, true) == true, "all() of {true,true}");
+}
+
+// DDP with 2 ranks x batch B equals 1 process with batch 2B; both ranks end bit-identical.
+void parity() {
+  constexpr std::int64_t B = 16, N = 256, epochs = 2;
+  auto [x, y] = dataset(N);
+  torch::manual_seed(3);
+  Net ddp_model;
+  torch::manual_seed(3);
+  Net reference;
+
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = epochs}));
+  data::TensorLoader loader(x, y, {.batch_size = B, .shuffle = true, .seed = 9});
+  const auto result = trainer.fit(ddp_model, loader);  // process_dataloader shards it: rank r sees perm[r::2]
+  check(result.global_step == epochs * N / (2 * B), "steps per epoch halve: " + std::to_string(result.global_step));
+
+  // The reference: the same epochs, unsharded, batches of 2B, no communication.
+  torch::optim::SGD optimizer(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  data::TensorLoader full(x, y, {.batch_size = 2 * B, .shuffle = true, .seed = 9});
+  for (std::int64_t epoch = 0; epoch < epochs; ++epoch) {
+    const auto order = full.order_for_epoch(epoch);
+    for (std::int64_t i = 0; i < N / (2 * B); ++i) {
+      // rank r's batch i holds order[2Bi + r + 2k]: the union is order[2Bi, 2B(i+1)), split by parity
+      const auto ids = order.narrow(0, i * 2 * B, 2 * B);
+      const auto even = ids.slice(0, 0, 2 * B, 2), odd = ids.slice(0, 1, 2 * B, 2);
+      optimizer.zero_grad();
+      auto loss = 0.5 * (reference->training_step({x.index_select(0, even), y.index_select(0, even)}, i) +
+                         reference->training_step({x.index_select(0, odd), y.index_select(0, odd)}, i));
+      loss.backward();
+      optimizer.step();
+    }
+  }
+  const auto params = ddp_model->parameters(), expected = reference->parameters();
+  double max_diff = 0;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    max_diff = std::max(max_diff, (params[i] - expected[i]).abs().max().item<double>());
+  check(max_diff < 1e-5, "DDP weights equal the 2B-batch reference within 1e-5 (max difference " +
+                             std::to_string(max_diff) + ")");
+  for (const auto& p : params) {
+    const auto gathered = trainer.all_gather(p.detach());
+    check(torch::equal(gathered[0], gathered[1]), "replicas bit-identical");
+  }
+  if (my_rank == 0) std::cout << "parity: max |ddp - reference| = " << max_diff << std::endl;
+}
+
+// Accumulating 2 micro-batches without communication (no_backward_sync) equals syncing on each.
+void accumulation() {
+  auto [x, y] = dataset(128);
+  auto train = [&](bool skip_sync) {
+    torch::manual_seed(5);
+    Net model;
+    Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config());
+    torch::optim::SGD optimizer(model->parameters(), 0.1);
+    trainer.setup(model, optimizer);
+    data::TensorLoader loader(x, y, {.batch_size = 8});
+    trainer.setup_dataloader(loader);
+    std::int64_t i = 0;
+    for (const auto& batch : loader) {
+      const bool step = i % 2 == 1;
+      auto loss = model->training_step(trainer.batch_to_device(batch), i) / 2.0;
+      {
+        auto guard = trainer.no_backward_sync(skip_sync && !step);
+        trainer.backward(loss);
+      }
+      if (step) {
+        trainer.optimizer_step(optimizer);
+        optimizer.zero_grad();
+      }
+      ++i;
+    }
+    return model->parameters();
+  };
+  const auto with_skip = train(true), without = train(false);
+  double max_diff = 0;
+  for (std::size_t i = 0; i < with_skip.size(); ++i)
+    max_diff = std::max(max_diff, (with_skip[i] - without[i]).abs().max().item<double>());
+  check(max_diff < 1e-6, "no_backward_sync accumulation equals per-micro-batch sync (max difference " +
+                             std::to_string(max_diff) + ")");
+}
+
+struct PartlyUsedImpl : NetImpl {
+  PartlyUsedImpl() { spare = register_module("spare", torch::nn::Linear(8, 8)); }
+  torch::nn::Linear spare{nullptr};
+};
+TORCH_MODULE(PartlyUsed);
+
+// A parameter without gradient: an error that names it (find_unused_parameters off), or zeros (on).
+void unused_parameters() {
+  auto [x, y] = dataset(64);
+  data::TensorLoader loader(x, y, {.batch_size = 8});
+  {
+    PartlyUsed model;
+    Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1}));
+    std::string message;
+    try {
+      trainer.fit(model, loader);
+    } catch (const DistributedError& e) {
+      message = e.what();
+    }
+    check(message.find("'spare.bias', 'spare.weight'") != std::string::npos &&
+              message.find("find_unused_parameters = true") != std::string::npos,
+          "the unused parameters are named: " + message);
+  }
+  {
+    PartlyUsed model;
+    auto c = config({.max_epochs = 1});
+    c.ddp.find_unused_parameters = true;
+    Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(c);
+    const auto result = trainer.fit(model, loader);
+    check(result.global_step == 4, "find_unused_parameters trains");
+  }
+}
+
+// A model whose training_step throws on rank 1 at batch 20 (FULGUR_FAULT=exception).
+struct ThrowingImpl : NetImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t batch_idx) {
+    if (my_rank == 1 && batch_idx == 20) throw std::runtime_error("rank 1's training_step raised");
+    return NetImpl::training_step(b, batch_idx);
+  }
+};
+TORCH_MODULE(Throwing);
+
+// Runs until killed (fault.sh SIGKILLs rank 1 once it trains) or until rank 1 raises; rank 0 must
+// fail with an error, not hang.
+void fault() {
+  auto [x, y] = dataset(4096);
+  Throwing model;
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1000}));
+  data::TensorLoader loader(x, y, {.batch_size = 8});
+  std::cout << "rank " << my_rank << " training" << std::endl;
+  try {
+    trainer.fit(model, loader);
+  } catch (const DistributedError& e) {
+    std::cout << "rank " << my_rank << " stopped: " << e.what() << std::endl;
+    std::exit(3);
+  }
+  std::exit(0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  if (const char* r = std::getenv("RANK")) my_rank = std::atoi(r);
+  try {
+    if (scenario == "collectives") collectives();
+    else if (scenario == "parity") parity();
+    else if (scenario == "accumulation") accumulation();
+    else if (scenario == "unused") unused_parameters();
+    else if (scenario == "fault") fault();
+    else {
+      std::cerr << "usage: ddp_worker collectives|parity|accumulation|unused|fault\n";
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << my_rank << " FAILED with an exception: " << e.what() << std::endl;
+    return 1;
+  }
+  if (failures) return 1;
+  if (my_rank == 0) std::cout << "PASS " << scenario << std::endl;
+  return 0;
+}
