@@ -1,5 +1,6 @@
 // ProcessGroup over c10d: TCPStore rendezvous, Gloo backend, timeouts turned into named errors.
 #define USE_C10D_GLOO 1
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -103,7 +104,9 @@ ProcessGroup::ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std:
       c10d::TCPStoreOptions options;
       options.port = static_cast<std::uint16_t>(env.master_port);
       options.timeout = timeout;
-      if (env.use_agent_store) {
+      if (env.source == ClusterEnvironment::Source::none && env.world_size == 1) {
+        store = c10::make_intrusive<c10d::HashStore>();  // a world of one: nothing to meet, no port
+      } else if (env.use_agent_store) {
         // torchrun's agent already serves the store; its keys live under /worker/attempt_<n>.
         options.isServer = false;
         options.waitWorkers = false;

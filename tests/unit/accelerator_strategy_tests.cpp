@@ -215,3 +215,103 @@ TEST_CASE("optimizer state round-trips exactly", "[checkpoint]") {
   opt_b.step();
   CHECK(torch::equal(a->weight, b->weight));  // bias corrections and moments came along
 }
+
+// ---- distributed: environment and strategy set-up (single process) -------------------------------
+namespace {
+auto env_from(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    const auto it = vars.find(name);
+    return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+}
+}  // namespace
+
+TEST_CASE("cluster environment: torchrun's variables, with its agent store", "[distributed][environment]") {
+  using distributed::ClusterEnvironment;
+  const auto env = distributed::detect_environment(env_from({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
+                                                             {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"},
+                                                             {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29555"},
+                                                             {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                                             {"TORCHELASTIC_RESTART_COUNT", "2"}}));
+  CHECK(env.source == ClusterEnvironment::Source::torchrun);
+  CHECK(env.rank == 3);
+  CHECK(env.world_size == 4);
+  CHECK(env.local_rank == 1);
+  CHECK(env.local_world_size == 2);
+  CHECK(env.node_rank == 1);
+  CHECK(env.master_addr == "10.1.2.3");
+  CHECK(env.master_port == 29555);
+  CHECK(env.use_agent_store);
+  CHECK(env.restart_count == 2);
+  const auto none = distributed::detect_environment(env_from({}));
+  CHECK(none.source == ClusterEnvironment::Source::none);
+  CHECK(none.world_size == 1);
+}
+
+TEST_CASE("cluster environment: SLURM's variables and node lists", "[distributed][environment]") {
+  const auto env = distributed::detect_environment(env_from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
+                                                             {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"},
+                                                             {"SLURM_NTASKS_PER_NODE", "2(x4)"},
+                                                             {"SLURM_NODELIST", "gpu[07-10,12],cpu1"},
+                                                             {"SLURM_JOB_ID", "1234567"}}));
+  CHECK(env.source == distributed::ClusterEnvironment::Source::slurm);
+  CHECK(env.rank == 5);
+  CHECK(env.world_size == 8);
+  CHECK(env.local_rank == 1);
+  CHECK(env.local_world_size == 2);
+  CHECK(env.node_rank == 2);
+  CHECK(env.master_addr == "gpu07");
+  CHECK(env.master_port == 15000 + 4567);  // Lightning's rule: the job id's last four digits
+  CHECK(distributed::first_slurm_host("node1,node2") == "node1");
+  CHECK(distributed::first_slurm_host("a[3-4]-ib,b") == "a3-ib");
+  CHECK(distributed::first_slurm_host("solo") == "solo");
+  // torchrun's variables win over SLURM's (torchrun inside an allocation)
+  CHECK(distributed::detect_environment(env_from({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"RANK", "0"},
+                                                  {"WORLD_SIZE", "1"}}))
+            .rank == 0);
+  CHECK_THAT(test::message_of<MisconfigurationError>(
+                 [] { distributed::detect_environment(env_from({{"RANK", "x"}, {"WORLD_SIZE", "2"}})); }),
+             Catch::Contains("RANK=\"x\" is not an integer"));
+  CHECK_THAT(test::message_of<MisconfigurationError>(
+                 [] { distributed::detect_environment(env_from({{"RANK", "2"}, {"WORLD_SIZE", "2"}})); }),
+             Catch::Contains("rank 2 of world size 2"));
+}
+
+TEST_CASE("DDPStrategy: names, compatibility, and a launch that does not match the configuration", "[distributed]") {
+  STATIC_REQUIRE(strategy<DDPStrategy>);
+  STATIC_REQUIRE(strategy<BasicDDPStrategy<backend::NCCL>>);
+  STATIC_REQUIRE(DDPStrategy::name == "ddp");
+  STATIC_REQUIRE(compatible<CPUAccelerator, DDPStrategy, BF16MixedPrecision>);
+  STATIC_REQUIRE(compatible<CPUAccelerator, BasicDDPStrategy<backend::Gloo>, FloatPrecision>);
+  STATIC_REQUIRE(compatible<CUDAAccelerator, BasicDDPStrategy<backend::NCCL>, FloatPrecision>);
+  STATIC_REQUIRE_FALSE(compatible<CPUAccelerator, BasicDDPStrategy<backend::NCCL>, FloatPrecision>);
+  STATIC_REQUIRE(compatibility_reason<CPUAccelerator, BasicDDPStrategy<backend::NCCL>, FloatPrecision>() ==
+                 FULGUR_MSG_STRATEGY_ACCELERATOR);
+  // This test process has no launcher variables: devices=2 must say how to launch.
+  if (!std::getenv("RANK") && !std::getenv("SLURM_PROCID")) {
+    CHECK_THAT(test::message_of<MisconfigurationError>([] {
+                 fulgur::Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> t(test::quiet({.devices = 2}));
+               }),
+               Catch::Contains("torchrun --nproc-per-node=2 --no-python ./app"));
+  }
+}
+
+TEST_CASE("DDP in one process: buckets in reverse order, first about 1 MiB, and training works", "[distributed]") {
+  if (std::getenv("RANK") || std::getenv("SLURM_PROCID")) return;  // needs a world of one
+  TrainerConfig config = test::quiet({.max_epochs = 1});
+  config.ddp.first_bucket_bytes = 600;   // 150 floats
+  config.ddp.bucket_bytes = 2000;        // 500 floats
+  fulgur::Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(config);
+  CHECK(trainer.world_size() == 1);
+  test::Classifier model;  // fc1: 8x16 + 16, fc2: 16x3 + 3
+  auto [x, y] = test::classification_data(64);
+  data::TensorLoader loader(x, y, {.batch_size = 16});
+  const auto before = test::snapshot(*model);
+  CHECK(trainer.fit(model, loader).global_step == 4);
+  CHECK_FALSE(torch::equal(before[0], model->fc1->weight));
+  const auto layout = trainer.strategy().reducer()->bucket_layout();
+  // reverse registration order: fc2.bias (3), fc2.weight (48) fill the first bucket (<= 150 floats)
+  REQUIRE(layout.size() == 2);
+  CHECK(layout[0] == std::vector<std::string>{"fc2.bias", "fc2.weight", "fc1.bias"});
+  CHECK(layout[1] == std::vector<std::string>{"fc1.weight"});
+}
