@@ -231,6 +231,27 @@ void fault() {
   std::exit(0);
 }
 
+// Started without torchrun: the Trainer launches the 2 ranks itself (and this process supervises).
+void launched() {
+  const char* fail = std::getenv("FULGUR_TEST_FAIL_RANK");
+  Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(config({.max_epochs = 2}));
+  my_rank = trainer.global_rank();
+  check(trainer.world_size() == 2, "the launcher started 2 ranks");
+  if (fail && std::atoi(fail) == my_rank) {
+    std::cerr << "rank " << my_rank << " exits with 7 on purpose" << std::endl;
+    std::exit(7);
+  }
+  auto [x, y] = dataset(256);
+  Net model;
+  data::TensorLoader loader(x, y, {.batch_size = 16, .shuffle = true});
+  const auto result = trainer.fit(model, loader);
+  check(result.global_step == 16, "each rank trains on its half");
+  for (const auto& p : model->parameters()) {
+    const auto gathered = trainer.all_gather(p.detach());
+    check(torch::equal(gathered[0], gathered[1]), "replicas identical");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -242,6 +263,7 @@ int main(int argc, char** argv) {
     else if (scenario == "accumulation") accumulation();
     else if (scenario == "unused") unused_parameters();
     else if (scenario == "fault") fault();
+    else if (scenario == "launched") launched();
     else {
       std::cerr << "usage: ddp_worker collectives|parity|accumulation|unused|fault\n";
       return 2;

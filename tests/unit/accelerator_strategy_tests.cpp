@@ -287,12 +287,12 @@ TEST_CASE("DDPStrategy: names, compatibility, and a launch that does not match t
   STATIC_REQUIRE_FALSE(compatible<CPUAccelerator, BasicDDPStrategy<backend::NCCL>, FloatPrecision>);
   STATIC_REQUIRE(compatibility_reason<CPUAccelerator, BasicDDPStrategy<backend::NCCL>, FloatPrecision>() ==
                  FULGUR_MSG_STRATEGY_ACCELERATOR);
-  // This test process has no launcher variables: devices=2 must say how to launch.
-  if (!std::getenv("RANK") && !std::getenv("SLURM_PROCID")) {
+  // Several nodes under the built-in launcher need the master's address on each node.
+  if (!std::getenv("RANK") && !std::getenv("SLURM_PROCID") && !std::getenv("NODE_RANK")) {
     CHECK_THAT(test::message_of<MisconfigurationError>([] {
-                 fulgur::Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> t(test::quiet({.devices = 2}));
+                 fulgur::Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> t(test::quiet({.num_nodes = 2}));
                }),
-               Catch::Contains("torchrun --nproc-per-node=2 --no-python ./app"));
+               Catch::Contains("num_nodes=2 needs NODE_RANK, MASTER_ADDR and MASTER_PORT set on every node"));
   }
 }
 

@@ -3,7 +3,8 @@
 // gradients over c10d. Gloo carries CPU tensors, NCCL CUDA tensors:
 //   DDPStrategy                       = BasicDDPStrategy<backend::Auto>  (Gloo on CPU, NCCL on CUDA)
 //   BasicDDPStrategy<backend::Gloo>   / BasicDDPStrategy<backend::NCCL>  to choose.
-// Processes come from torchrun or SLURM (distributed/environment.hpp). Parameters and buffers are
+// Processes come from torchrun, SLURM (distributed/environment.hpp) or, with devices > 1 and
+// neither, from fulgur's own launcher (distributed/launcher.hpp). Parameters and buffers are
 // broadcast from rank 0 at setup; gradients are all-reduced in buckets while backward runs
 // (distributed/reducer.hpp). Every collective has a timeout (TrainerConfig::ddp.timeout).
 #include <ATen/ATen.h>
@@ -25,6 +26,7 @@
 #include "fulgur/concepts/vocabulary.hpp"
 #include "fulgur/data/apply.hpp"
 #include "fulgur/distributed/environment.hpp"
+#include "fulgur/distributed/launcher.hpp"
 #include "fulgur/distributed/process_group.hpp"
 #include "fulgur/distributed/reducer.hpp"
 #include "fulgur/errors.hpp"
@@ -58,12 +60,9 @@ class BasicDDPStrategy {
   BasicDDPStrategy(const std::vector<c10::Device>& devices, const TrainerConfig& config)
       : options_(config.ddp), env_(distributed::detect_environment()) {
     const int expected = static_cast<int>(devices.size()) * config.num_nodes;
+    // No launcher around us: this process supervises one worker per device and never returns.
     if (env_.source == distributed::ClusterEnvironment::Source::none && expected > 1)
-      throw MisconfigurationError(
-          "DDPStrategy with devices=" + std::to_string(devices.size()) + " x num_nodes=" +
-          std::to_string(config.num_nodes) +
-          " needs one process per device: start the program with `torchrun --nproc-per-node=" +
-          std::to_string(devices.size()) + " --no-python ./app` (or under SLURM's srun).");
+      distributed::launch_local_workers({static_cast<int>(devices.size()), config.num_nodes});
     if (env_.world_size != expected)
       throw MisconfigurationError(
           "the launcher started " + std::to_string(env_.world_size) + " processes (WORLD_SIZE/SLURM_NTASKS), but the "

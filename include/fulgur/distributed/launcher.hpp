@@ -1,0 +1,19 @@
+#pragma once
+// fulgur's own launcher, for `devices > 1` without torchrun or SLURM (Lightning's subprocess
+// launcher, in the shape of torchrun's agent): the calling process becomes a supervisor that
+// re-executes this program once per local rank with torchrun's variables set (RANK, LOCAL_RANK,
+// WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), forwards SIGINT, SIGTERM,
+// SIGHUP and SIGQUIT to them, and waits. If a worker fails, the others are ended and the
+// supervisor exits non-zero naming the failing rank; otherwise it exits 0. It never returns.
+//
+// Several nodes: start the program on each with NODE_RANK, MASTER_ADDR and MASTER_PORT set.
+namespace fulgur::distributed {
+
+struct LaunchPlan {
+  int processes_per_node = 1;
+  int num_nodes = 1;
+};
+
+[[noreturn]] void launch_local_workers(const LaunchPlan& plan);
+
+}  // namespace fulgur::distributed

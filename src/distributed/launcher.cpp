@@ -1,0 +1,171 @@
+// The supervisor of fulgur's built-in launcher (see the header).
+#include "fulgur/distributed/launcher.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fulgur/errors.hpp"
+
+extern char** environ;
+
+namespace fulgur::distributed {
+
+namespace {
+std::vector<pid_t> workers;  // read by the signal handler
+std::atomic<int> forwarded_signal{0};
+
+void forward_signal(int signal) {
+  forwarded_signal.store(signal);
+  for (pid_t pid : workers)
+    if (pid > 0) ::kill(pid, signal);
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0)
+    throw DistributedError(std::string("fulgur launcher: cannot find a free port: ") + std::strerror(errno));
+  const int port = ntohs(address.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::vector<std::string> own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  const std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  for (std::size_t start = 0; start < raw.size();) {
+    const std::size_t end = raw.find('\0', start);
+    args.push_back(raw.substr(start, end - start));
+    start = end == std::string::npos ? raw.size() : end + 1;
+  }
+  return args;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("signal ") + std::to_string(WTERMSIG(status)) + " (" + ::strsignal(WTERMSIG(status)) + ")";
+  return "status " + std::to_string(status);
+}
+}  // namespace
+
+void launch_local_workers(const LaunchPlan& plan) {
+  const char* node_rank_text = std::getenv("NODE_RANK");
+  const char* master_addr = std::getenv("MASTER_ADDR");
+  const char* master_port = std::getenv("MASTER_PORT");
+  if (plan.num_nodes > 1 && (!node_rank_text || !master_addr || !master_port))
+    throw MisconfigurationError("fulgur launcher: num_nodes=" + std::to_string(plan.num_nodes) +
+                                " needs NODE_RANK, MASTER_ADDR and MASTER_PORT set on every node (or start the "
+                                "program with torchrun / srun).");
+  const int node_rank = node_rank_text ? std::atoi(node_rank_text) : 0;
+  const std::string address = master_addr ? master_addr : "127.0.0.1";
+  const std::string port = master_port ? master_port : std::to_string(free_port());
+  const int world = plan.processes_per_node * plan.num_nodes;
+
+  // Everything the children need is built before fork: between fork and exec only exec runs.
+  const std::vector<std::string> args = own_command_line();
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::vector<std::string>> environments(static_cast<std::size_t>(plan.processes_per_node));
+  std::vector<std::vector<char*>> envps(environments.size());
+  for (int local = 0; local < plan.processes_per_node; ++local) {
+    auto& env = environments[static_cast<std::size_t>(local)];
+    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    const int rank = node_rank * plan.processes_per_node + local;
+    for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
+             {"RANK", std::to_string(rank)},
+             {"LOCAL_RANK", std::to_string(local)},
+             {"WORLD_SIZE", std::to_string(world)},
+             {"LOCAL_WORLD_SIZE", std::to_string(plan.processes_per_node)},
+             {"GROUP_RANK", std::to_string(node_rank)},
+             {"MASTER_ADDR", address},
+             {"MASTER_PORT", port}})
+      env.push_back(k + "=" + v);
+    for (auto& s : env) envps[static_cast<std::size_t>(local)].push_back(s.data());
+    envps[static_cast<std::size_t>(local)].push_back(nullptr);
+  }
+
+  std::fprintf(stderr, "fulgur launcher: starting %d processes on node %d (ranks %d-%d of %d, master %s:%s)\n",
+               plan.processes_per_node, node_rank, node_rank * plan.processes_per_node,
+               (node_rank + 1) * plan.processes_per_node - 1, world, address.c_str(), port.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  workers.assign(static_cast<std::size_t>(plan.processes_per_node), -1);
+  for (int local = 0; local < plan.processes_per_node; ++local) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execve("/proc/self/exe", argv.data(), envps[static_cast<std::size_t>(local)].data());
+      std::_Exit(127);
+    }
+    if (pid < 0) {
+      forward_signal(SIGKILL);
+      throw DistributedError(std::string("fulgur launcher: fork failed: ") + std::strerror(errno));
+    }
+    workers[static_cast<std::size_t>(local)] = pid;
+  }
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) ::signal(sig, forward_signal);
+
+  int running = plan.processes_per_node, first_failed = -1, first_status = 0;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  while (running > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) {
+      if (std::chrono::steady_clock::now() > deadline) forward_signal(SIGKILL);  // ignored the request to stop
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    int local = -1;
+    for (std::size_t i = 0; i < workers.size(); ++i)
+      if (workers[i] == pid) local = static_cast<int>(i);
+    if (local < 0) continue;
+    workers[static_cast<std::size_t>(local)] = -1;
+    --running;
+    const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (failed && first_failed < 0 && forwarded_signal.load() == 0) {
+      first_failed = node_rank * plan.processes_per_node + local;
+      first_status = status;
+      if (running > 0) {
+        std::fprintf(stderr, "fulgur launcher: rank %d (pid %d) failed with %s; stopping the other ranks.\n",
+                     first_failed, pid, describe_status(status).c_str());
+        forward_signal(SIGTERM);
+        deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      }
+    }
+  }
+  if (first_failed >= 0) {
+    std::fprintf(stderr, "fulgur launcher: the run failed: rank %d ended with %s.\n", first_failed,
+                 describe_status(first_status).c_str());
+    std::exit(1);
+  }
+  if (const int signal = forwarded_signal.load()) {
+    std::fprintf(stderr, "fulgur launcher: stopped by signal %d.\n", signal);
+    std::exit(128 + signal);
+  }
+  std::exit(0);
+}
+
+}  // namespace fulgur::distributed
