@@ -19,5 +19,6 @@
 #include "fulgur/checkpoint/io.hpp"
 #include "fulgur/data/batch.hpp"
 #include "fulgur/data/tensor_loader.hpp"
+#include "fulgur/data/torch_distributed_sampler.hpp"
 #include "fulgur/trainer.hpp"
 #include "fulgur/dispatch.hpp"

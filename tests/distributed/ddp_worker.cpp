@@ -4,7 +4,10 @@
 #include <fulgur/fulgur.hpp>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <csignal>
+#include <limits>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -231,6 +234,45 @@ void fault() {
   std::exit(0);
 }
 
+// 16-mixed: an overflow on rank 1 alone makes both ranks skip the same step (gradients are
+// all-reduced while still scaled); a sync_dist metric is averaged over ranks; only rank 0 writes.
+struct OverflowOnRank1Impl : NetImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t batch_idx, StepContext& ctx) {
+    ctx.log("rank", static_cast<double>(ctx.global_rank), {.sync_dist = true});
+    auto loss = NetImpl::training_step(b, batch_idx);
+    return my_rank == 1 && batch_idx == 2 ? loss * std::numeric_limits<float>::infinity() : loss;
+  }
+};
+TORCH_MODULE(OverflowOnRank1);
+
+void amp_agreement() {
+  auto [x, y] = dataset(128);
+  OverflowOnRank1 model;
+  Trainer<CPUAccelerator, Gloo, FP16MixedPrecision> trainer(config({.max_epochs = 1}));
+  data::TensorLoader loader(x, y, {.batch_size = 16});
+  const auto result = trainer.fit(model, loader);
+  check(result.skipped_optimizer_steps == 1, "this rank skipped exactly the overflow step: " +
+                                                 std::to_string(result.skipped_optimizer_steps));
+  check(trainer.precision().scaler().get_scale() == 32768.0, "both scalers backed off once");
+  for (const auto& p : model->parameters())
+    check(torch::equal(trainer.all_gather(p.detach())[0], trainer.all_gather(p.detach())[1]), "replicas identical");
+  check(result.metrics.at("rank") == 0.5, "sync_dist averages the logged value over ranks: " +
+                                              std::to_string(result.metrics.at("rank")));
+  // save_checkpoint: only global rank 0 writes (each rank names its own file to tell them apart).
+  char folder[] = "/tmp/fulgur_ddp_ckpt_XXXXXX";
+  std::string dir = trainer.strategy().broadcast(my_rank == 0 ? std::string(::mkdtemp(folder)) : std::string(), 0);
+  StateDict state;
+  state.insert("rank", static_cast<std::int64_t>(my_rank));
+  trainer.strategy().save_checkpoint(dir + "/from_rank_" + std::to_string(my_rank) + ".ckpt", state);
+  const bool mine_exists = ::access((dir + "/from_rank_" + std::to_string(my_rank) + ".ckpt").c_str(), F_OK) == 0;
+  check(mine_exists == (my_rank == 0), "only rank 0 wrote its checkpoint");
+  trainer.barrier();
+  if (my_rank == 0) {
+    ::unlink((dir + "/from_rank_0.ckpt").c_str());
+    ::rmdir(dir.c_str());
+  }
+}
+
 // Started without torchrun: the Trainer launches the 2 ranks itself (and this process supervises).
 void launched() {
   const char* fail = std::getenv("FULGUR_TEST_FAIL_RANK");
@@ -264,6 +306,7 @@ int main(int argc, char** argv) {
     else if (scenario == "unused") unused_parameters();
     else if (scenario == "fault") fault();
     else if (scenario == "launched") launched();
+    else if (scenario == "amp") amp_agreement();
     else {
       std::cerr << "usage: ddp_worker collectives|parity|accumulation|unused|fault\n";
       return 2;

@@ -247,3 +247,24 @@ TEST_CASE("a sharded TensorLoader: equal, disjoint shards covering the data, a n
   CHECK(even.num_samples() == 3);
   CHECK_THAT(even.describe(), Catch::EndsWith("shard 1 of 3 (3 samples)"));
 }
+
+TEST_CASE("TorchDistributedSampler: Python's rule inside a torch::data loader, set_epoch reaches its copy",
+          "[data][distributed]") {
+  const auto x = torch::arange(10).unsqueeze(1).to(at::kFloat);
+  auto dataset = torch::data::datasets::TensorDataset(x);
+  const data::DistributedSamplerOptions options{.rank = 1, .world_size = 3, .seed = 4};
+  data::TorchDistributedSampler sampler(10, options);
+  auto loader = torch::data::make_data_loader(std::move(dataset), sampler,
+                                              torch::data::DataLoaderOptions().batch_size(2));
+  const data::DistributedSampler reference(10, options);
+  for (std::int64_t epoch : {0, 5}) {
+    sampler.set_epoch(epoch);  // on our handle; the loader holds a copy
+    std::vector<std::int64_t> seen;
+    for (const auto& batch : *loader)
+      for (const auto& example : batch) seen.push_back(static_cast<std::int64_t>(example.data.item<float>()));
+    const auto expected = reference.indices(epoch);
+    CHECK(seen == std::vector<std::int64_t>(expected.data_ptr<std::int64_t>(),
+                                            expected.data_ptr<std::int64_t>() + expected.numel()));
+  }
+  CHECK(sampler.epoch() == 6);  // each pass advances the shared epoch
+}
