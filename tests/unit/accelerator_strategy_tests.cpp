@@ -309,6 +309,9 @@ TEST_CASE("DDP in one process: buckets in reverse order, first about 1 MiB, and 
   const auto before = test::snapshot(*model);
   CHECK(trainer.fit(model, loader).global_step == 4);
   CHECK_FALSE(torch::equal(before[0], model->fc1->weight));
+  const auto after_first = test::snapshot(*model);
+  CHECK(trainer.fit(model, loader).global_step == 4);  // a second fit re-installs the hooks
+  CHECK_FALSE(torch::equal(after_first[0], model->fc1->weight));
   const auto layout = trainer.strategy().reducer()->bucket_layout();
   // reverse registration order: fc2.bias (3), fc2.weight (48) fill the first bucket (<= 150 floats)
   REQUIRE(layout.size() == 2);

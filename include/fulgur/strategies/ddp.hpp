@@ -89,6 +89,7 @@ class BasicDDPStrategy {
 
   /// Broadcasts rank 0's parameters and buffers, then installs the gradient hooks.
   void setup_module(torch::nn::Module& module) {
+    reducer_.reset();  // first: its destructor removes its hooks, which must not be the new ones
     at::NoGradGuard no_grad;
     std::vector<std::pair<std::string, at::Tensor>> named;
     for (const auto& item : module.named_parameters()) {
