@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -200,7 +201,19 @@ namespace detail {
 c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                     std::chrono::milliseconds timeout) {
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  // As Python's init_process_group: GLOO_SOCKET_IFNAME ("eth0" or "eth0,eth1") picks the
+  // interfaces; otherwise the device of this host's name.
+  if (const char* interfaces = std::getenv("GLOO_SOCKET_IFNAME"); interfaces && *interfaces) {
+    std::string list = interfaces;
+    for (std::size_t start = 0; start <= list.size();) {
+      const std::size_t comma = std::min(list.find(',', start), list.size());
+      if (comma > start)
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(list.substr(start, comma - start)));
+      start = comma + 1;
+    }
+  } else {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
 }
 }  // namespace detail

@@ -273,6 +273,24 @@ void amp_agreement() {
   }
 }
 
+// Two "nodes" (network namespaces, tests/distributed/two_nodes.sh): num_nodes=2, one device each,
+// each node's process started by fulgur's launcher with NODE_RANK, MASTER_ADDR and MASTER_PORT.
+void two_nodes() {
+  auto c = config({.max_epochs = 2});
+  c.devices = 1;
+  c.num_nodes = 2;
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(c);
+  my_rank = trainer.global_rank();
+  check(trainer.world_size() == 2 && trainer.strategy().node_rank() == my_rank, "rank = node rank across 2 nodes");
+  auto [x, y] = dataset(128);
+  Net model;
+  data::TensorLoader loader(x, y, {.batch_size = 16, .shuffle = true});
+  check(trainer.fit(model, loader).global_step == 8, "each node trains on its half");
+  for (const auto& p : model->parameters())
+    check(torch::equal(trainer.all_gather(p.detach())[0], trainer.all_gather(p.detach())[1]), "replicas identical");
+  std::cout << "node " << trainer.strategy().node_rank() << " done" << std::endl;
+}
+
 // Started without torchrun: the Trainer launches the 2 ranks itself (and this process supervises).
 void launched() {
   const char* fail = std::getenv("FULGUR_TEST_FAIL_RANK");
@@ -307,6 +325,7 @@ int main(int argc, char** argv) {
     else if (scenario == "fault") fault();
     else if (scenario == "launched") launched();
     else if (scenario == "amp") amp_agreement();
+    else if (scenario == "two_nodes") two_nodes();
     else {
       std::cerr << "usage: ddp_worker collectives|parity|accumulation|unused|fault\n";
       return 2;
