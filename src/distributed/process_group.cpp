@@ -10,8 +10,10 @@
 #include <ATen/ATen.h>
 
 #include <cstdlib>
+#include <condition_variable>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "fulgur/errors.hpp"
 #include "src/distributed/backends.hpp"
@@ -43,29 +45,99 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
 
-  /// Waits for `work`; turns every failure into a DistributedError naming op and rank.
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op) const {
-    try {
-      if (!work->wait(timeout))
-        throw DistributedError("fulgur: " + op + " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                               " did not finish within the timeout of " + std::to_string(timeout.count()) +
-                               " ms; a peer process has probably stopped. TrainerConfig::ddp.timeout sets it.");
-    } catch (const DistributedError&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw DistributedError("fulgur: " + op + " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                             " failed: " + why(e) +
-                             ". A peer process probably ended (crashed, was killed, or raised an error); this run "
-                             "cannot continue.");
+  // Liveness: every rank bumps a counter in the store once a second. When a collective fails,
+  // the survivors look for counters that stopped moving, to name the rank that was lost.
+  std::thread heartbeat;
+  std::mutex heartbeat_mutex;
+  std::condition_variable heartbeat_wakeup;
+  bool stopping = false;
+
+  static std::string alive_key(int r) { return "fulgur_alive/" + std::to_string(r); }
+
+  void start_heartbeat() {
+    if (size == 1) return;
+    heartbeat = std::thread([this] {
+      std::unique_lock<std::mutex> lock(heartbeat_mutex);
+      while (!stopping) {
+        try {
+          store->add(alive_key(rank), 1);
+        } catch (const std::exception&) {
+          return;  // the store is gone: nothing left to report to
+        }
+        heartbeat_wakeup.wait_for(lock, std::chrono::seconds(1));
+      }
+    });
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(heartbeat_mutex);
+      stopping = true;
     }
+    heartbeat_wakeup.notify_all();
+    if (heartbeat.joinable()) heartbeat.join();
+  }
+
+  /// "rank 1 stopped responding" — or an empty string when it cannot be told within ~5 s.
+  std::string lost_ranks() const {
+    if (size == 1) return {};
+    struct Probe {
+      std::mutex mutex;
+      std::condition_variable done_signal;
+      bool done = false;
+      std::string text;
+    };
+    auto probe = std::make_shared<Probe>();
+    auto store_ref = store;
+    const int self = rank, world = size;
+    std::thread([probe, store_ref, self, world] {
+      std::string text;
+      try {
+        std::vector<std::int64_t> before(static_cast<std::size_t>(world));
+        for (int r = 0; r < world; ++r) before[static_cast<std::size_t>(r)] = store_ref->add(alive_key(r), 0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+        for (int r = 0; r < world; ++r)
+          if (r != self && store_ref->add(alive_key(r), 0) == before[static_cast<std::size_t>(r)])
+            text += (text.empty() ? "rank " : ", rank ") + std::to_string(r);
+        if (!text.empty()) text += " stopped responding";
+      } catch (const std::exception&) {
+        if (self != 0) text = "rank 0, which serves the rendezvous store, is unreachable";
+      }
+      std::lock_guard<std::mutex> lock(probe->mutex);
+      probe->text = text;
+      probe->done = true;
+      probe->done_signal.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> lock(probe->mutex);
+    probe->done_signal.wait_for(lock, std::chrono::seconds(5), [&] { return probe->done; });
+    return probe->text;
+  }
+
+  [[noreturn]] void fail(const std::string& op, const std::string& reason) const {
+    const std::string lost = lost_ranks();
+    throw DistributedError("fulgur: " + op + " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                           " failed: " + (lost.empty() ? "a peer process probably ended" : lost) +
+                           " (crashed, was killed, or raised an error); this run cannot continue. [" + reason + "]");
+  }
+
+  /// Waits for `work`; turns every failure into a DistributedError naming op, rank and the lost rank.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op) const {
+    bool finished = false;
+    try {
+      finished = work->wait(timeout);
+    } catch (const std::exception& e) {
+      fail(op, why(e));
+    }
+    if (!finished)
+      fail(op, "no answer within the timeout of " + std::to_string(timeout.count()) +
+                   " ms (TrainerConfig::ddp.timeout sets it)");
   }
   template <class F>
   c10::intrusive_ptr<c10d::Work> launch(const std::string& op, F&& f) const {
     try {
       return f();
     } catch (const std::exception& e) {
-      throw DistributedError("fulgur: " + op + " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                             " failed: " + why(e) + ". A peer process probably ended; this run cannot continue.");
+      fail(op, why(e));
     }
   }
 };
@@ -141,6 +213,7 @@ ProcessGroup::ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std:
                            (kind == BackendKind::gloo ? "Gloo" : "NCCL") + " backend through " + where + ": " +
                            why(e) + ".");
   }
+  impl_->start_heartbeat();
 }
 
 ProcessGroup::~ProcessGroup() = default;
