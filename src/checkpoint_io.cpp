@@ -98,28 +98,32 @@ void atomic_write(const std::string& path, const std::vector<char>& bytes) {
   }
 }
 
-void save(const std::string& path, const StateDict& state) {
-  atomic_write(path, torch::pickle_save(state.to_ivalue()));
+std::vector<char> to_bytes(const StateDict& state) { return torch::pickle_save(state.to_ivalue()); }
+
+StateDict from_bytes(const std::vector<char>& bytes, const std::string& what) {
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    throw Error("fulgur: " + what + " is not a readable checkpoint (" + std::string(e.what()).substr(0, 200) +
+                "); pass a file written by fulgur's save.");
+  }
+  if (!value.isGenericDict()) throw Error("fulgur: " + what + " does not hold a dictionary.");
+  StateDict out;
+  for (const auto& item : value.toGenericDict()) {
+    if (!item.key().isString()) throw Error("fulgur: " + what + " has a non-string key.");
+    out.insert(item.key().toStringRef(), item.value());
+  }
+  return out;
 }
+
+void save(const std::string& path, const StateDict& state) { atomic_write(path, to_bytes(state)); }
 
 StateDict load(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("fulgur: cannot open checkpoint '" + path + "': " + std::strerror(errno));
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    throw Error("fulgur: '" + path + "' is not a readable checkpoint (" + std::string(e.what()).substr(0, 200) +
-                "); pass a file written by fulgur's save.");
-  }
-  if (!value.isGenericDict()) throw Error("fulgur: checkpoint '" + path + "' does not hold a dictionary.");
-  StateDict out;
-  for (const auto& item : value.toGenericDict()) {
-    if (!item.key().isString()) throw Error("fulgur: checkpoint '" + path + "' has a non-string key.");
-    out.insert(item.key().toStringRef(), item.value());
-  }
-  return out;
+  return from_bytes(bytes, "'" + path + "'");
 }
 
 StateDict module_state_dict(const torch::nn::Module& module) {

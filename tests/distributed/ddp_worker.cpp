@@ -91,6 +91,16 @@ void collectives() {
   check(from_one.equal(at::full({4}, 10.0f)), "broadcast tensor from rank 1");
   const std::string text = trainer.strategy().broadcast(rank == 0 ? std::string("hello from rank 0") : std::string(), 0);
   check(text == "hello from rank 0", "broadcast string, got '" + text + "'");
+  StateDict state;
+  if (rank == 1) {
+    state.insert("epoch", static_cast<std::int64_t>(7));
+    state.insert("name", std::string("run-a"));
+    state.insert("weights", at::arange(4.0));
+  }
+  const StateDict received = trainer.strategy().broadcast(state, 1);
+  check(received.size() == 3 && received.at("epoch").toInt() == 7 && received.at("name").toStringRef() == "run-a" &&
+            torch::equal(received.at("weights").toTensor(), at::arange(4.0)),
+        "broadcast a serialisable StateDict from rank 1");
   trainer.barrier();
   check(trainer.strategy().reduce_boolean_decision(rank == 0, /*all=*/true) == false, "all() of {true,false}");
   check(trainer.strategy().reduce_boolean_decision(rank == 0, /*all=*/false) == true, "any() of {true,false}");

@@ -17,6 +17,10 @@ namespace fulgur::checkpoint {
 void save(const std::string& path, const StateDict& state);
 StateDict load(const std::string& path);
 
+/// The bytes of a StateDict as torch::pickle_save writes them, and back.
+std::vector<char> to_bytes(const StateDict& state);
+StateDict from_bytes(const std::vector<char>& bytes, const std::string& what = "bytes");
+
 /// Writes bytes to path atomically (see above).
 void atomic_write(const std::string& path, const std::vector<char>& bytes);
 

@@ -221,6 +221,12 @@ class BasicDDPStrategy {
     bytes = on_device.cpu();
     return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel()));
   }
+  /// Any serialisable state (a StateDict of tensors, numbers, strings, nested dicts), pickled.
+  StateDict broadcast(const StateDict& state, int src = 0) {
+    const std::vector<char> bytes = global_rank() == src ? checkpoint::to_bytes(state) : std::vector<char>();
+    const std::string received = broadcast(std::string(bytes.begin(), bytes.end()), src);
+    return checkpoint::from_bytes(std::vector<char>(received.begin(), received.end()), "a broadcast value");
+  }
   void barrier(std::string_view /*name*/ = {}) { group().barrier(); }
   bool reduce_boolean_decision(bool decision, bool all = true) {
     auto votes = at::scalar_tensor(decision ? 1 : 0, at::kLong).to(root_device_);
