@@ -41,6 +41,9 @@ struct NetImpl : torch::nn::Module {
   at::Tensor training_step(const data::Batch& b, std::int64_t) {
     return torch::nn::functional::cross_entropy(forward(b.input), b.target);
   }
+  at::Tensor validation_step(const data::Batch& b, std::int64_t) {
+    return torch::nn::functional::cross_entropy(forward(b.input), b.target);
+  }
   std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
     return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   }
@@ -118,7 +121,8 @@ void parity() {
 
   Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = epochs}));
   data::TensorLoader loader(x, y, {.batch_size = B, .shuffle = true, .seed = 9});
-  const auto result = trainer.fit(ddp_model, loader);  // process_dataloader shards it: rank r sees perm[r::2]
+  data::TensorLoader val(x, y, {.batch_size = 64});
+  const auto result = trainer.fit(ddp_model, loader, val);  // process_dataloader shards both: rank r sees perm[r::2]
   check(result.global_step == epochs * N / (2 * B), "steps per epoch halve: " + std::to_string(result.global_step));
 
   // The reference: the same epochs, unsharded, batches of 2B, no communication.
@@ -143,6 +147,15 @@ void parity() {
     max_diff = std::max(max_diff, (params[i] - expected[i]).abs().max().item<double>());
   check(max_diff < 1e-5, "DDP weights equal the 2B-batch reference within 1e-5 (max difference " +
                              std::to_string(max_diff) + ")");
+  // Validation: each rank evaluated its half; the weighted mean over both equals the full-data loss.
+  {
+    torch::NoGradGuard no_grad;
+    const double full = torch::nn::functional::cross_entropy(reference->forward(x), y).item<double>();
+    check(std::abs(*result.epochs.back().val_loss - full) < 1e-5,
+          "the sharded validation loss equals the full-data loss: " + std::to_string(*result.epochs.back().val_loss) +
+              " vs " + std::to_string(full));
+    check(val.sampler().has_value() && val.num_samples() == N / 2, "the validation data was sharded");
+  }
   for (const auto& p : params) {
     const auto gathered = trainer.all_gather(p.detach());
     check(torch::equal(gathered[0], gathered[1]), "replicas bit-identical");

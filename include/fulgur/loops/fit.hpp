@@ -180,7 +180,7 @@ double Trainer<A, S, P>::validation_loop(Module& module, ValData& val_data, std:
                                          std::int64_t global_step, std::map<std::string, double>& metrics) {
   auto& m = detail::module_ref(module);
   using M = std::remove_cvref_t<decltype(m)>;
-  auto& range = detail::range_ref(val_data);
+  auto&& range = strategy_.process_dataloader(detail::range_ref(val_data));  // each rank validates its shard
   using Batch = detail::batch_of_t<std::remove_reference_t<decltype(range)>>;
   static_assert(has_validation_step<M, Batch>,
                 "fulgur: validation data was given but the module has no validation_step(batch, batch_idx) "
