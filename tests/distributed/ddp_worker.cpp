@@ -160,6 +160,8 @@ void parity() {
     const auto gathered = trainer.all_gather(p.detach());
     check(torch::equal(gathered[0], gathered[1]), "replicas bit-identical");
   }
+  for (const auto& item : checkpoint::module_state_dict(*ddp_model))
+    check(item.key().toStringRef().rfind("fc", 0) == 0, "no wrapper prefix in '" + item.key().toStringRef() + "'");
   if (my_rank == 0) std::cout << "parity: max |ddp - reference| = " << max_diff << std::endl;
 }
 
