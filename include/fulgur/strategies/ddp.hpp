@@ -31,8 +31,7 @@
 #include "fulgur/distributed/reducer.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/state_dict.hpp"
-#include "fulgur/strategies/clipping.hpp"
-#include "fulgur/strategies/single_device.hpp"  // ModuleInitContext
+#include "fulgur/strategies/common.hpp"
 #include "fulgur/trainer_config.hpp"
 
 namespace fulgur {
@@ -108,16 +107,13 @@ class BasicDDPStrategy {
   }
   void module_to_device(torch::nn::Module& module) { module.to(root_device_); }
   template <class Precision>
-  ModuleInitContext<decltype(std::declval<Precision&>().module_init_context())> module_init_context(
-      Precision& precision, bool /*empty_init*/) {
-    return {c10::OptionalDeviceGuard(root_device_), precision.module_init_context()};
+  auto module_init_context(Precision& precision, bool /*empty_init*/) {
+    return detail::module_init_context_on(root_device_, precision);
   }
 
   template <class Batch>
   auto batch_to_device(const Batch& batch) const {
-    return data::map_tensors(batch, [this](const at::Tensor& t) {
-      return t.defined() ? t.to(root_device_, /*non_blocking=*/t.is_pinned()) : t;
-    });
+    return detail::move_batch(batch, root_device_);
   }
   /// Gives a shard-aware loader (TensorLoader) this rank's part of the data.
   template <class Loader>
@@ -160,15 +156,12 @@ class BasicDDPStrategy {
   template <class Precision>
   at::Tensor clip_gradients_norm(torch::nn::Module&, torch::optim::Optimizer& optimizer, double max_norm,
                                  double norm_type, bool error_if_nonfinite, Precision& precision) {
-    precision.unscale_gradients(optimizer);  // gradients are already identical on every rank
-    return clip_grad_norm(precision.main_params(optimizer), max_norm, norm_type,
-                          error_if_nonfinite && !detail::uses_scaler<Precision>());
+    return detail::unscale_and_clip_norm(optimizer, max_norm, norm_type, error_if_nonfinite, precision);
   }
   template <class Precision>
   void clip_gradients_value(torch::nn::Module&, torch::optim::Optimizer& optimizer, double clip_value,
                             Precision& precision) {
-    precision.unscale_gradients(optimizer);
-    clip_grad_value(precision.main_params(optimizer), clip_value);
+    detail::unscale_and_clip_value(optimizer, clip_value, precision);
   }
 
   /// In place; also returned. mean of integer tensors truncates.

@@ -19,16 +19,9 @@
 #include "fulgur/data/apply.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/state_dict.hpp"
-#include "fulgur/strategies/clipping.hpp"
+#include "fulgur/strategies/common.hpp"
 
 namespace fulgur {
-
-/// What module_init_context returns: the root device made current, then the precision's context.
-template <class PrecisionContext>
-struct ModuleInitContext {
-  c10::OptionalDeviceGuard device;
-  PrecisionContext precision;
-};
 
 class SingleDeviceStrategy {
  public:
@@ -48,17 +41,14 @@ class SingleDeviceStrategy {
   }
   void module_to_device(torch::nn::Module& module) { module.to(root_device_); }
   template <class Precision>
-  ModuleInitContext<decltype(std::declval<Precision&>().module_init_context())> module_init_context(
-      Precision& precision, bool /*empty_init*/) {
-    return {c10::OptionalDeviceGuard(root_device_), precision.module_init_context()};
+  auto module_init_context(Precision& precision, bool /*empty_init*/) {
+    return detail::module_init_context_on(root_device_, precision);
   }
 
   /// Moves every tensor of any nesting to the root device (non-blocking from pinned memory).
   template <class Batch>
   auto batch_to_device(const Batch& batch) const {
-    return data::map_tensors(batch, [this](const at::Tensor& t) {
-      return t.defined() ? t.to(root_device_, /*non_blocking=*/t.is_pinned()) : t;
-    });
+    return detail::move_batch(batch, root_device_);
   }
   template <class Loader>
   Loader&& process_dataloader(Loader&& loader) { return std::forward<Loader>(loader); }
@@ -69,21 +59,16 @@ class SingleDeviceStrategy {
     precision.backward(loss, module);
     precision.post_backward(loss, module);
   }
-  /// Unscales first (so a scaled loss never reaches the threshold), then clips the precision's
-  /// main parameters; returns the total norm before clipping. With a loss scaler, non-finite
-  /// gradients are the scaler's to handle (it skips the step), so they are never an error.
+  /// Unscales first, then clips; returns the norm before clipping (strategies/common.hpp).
   template <class Precision>
   at::Tensor clip_gradients_norm(torch::nn::Module&, torch::optim::Optimizer& optimizer, double max_norm,
                                  double norm_type, bool error_if_nonfinite, Precision& precision) {
-    precision.unscale_gradients(optimizer);
-    return clip_grad_norm(precision.main_params(optimizer), max_norm, norm_type,
-                          error_if_nonfinite && !detail::uses_scaler<Precision>());
+    return detail::unscale_and_clip_norm(optimizer, max_norm, norm_type, error_if_nonfinite, precision);
   }
   template <class Precision>
   void clip_gradients_value(torch::nn::Module&, torch::optim::Optimizer& optimizer, double clip_value,
                             Precision& precision) {
-    precision.unscale_gradients(optimizer);
-    clip_grad_value(precision.main_params(optimizer), clip_value);
+    detail::unscale_and_clip_value(optimizer, clip_value, precision);
   }
 
   at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp = ReduceOp::mean) { return tensor; }
