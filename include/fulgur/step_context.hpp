@@ -4,6 +4,7 @@
 // host once per epoch.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -48,6 +49,13 @@ class StepContext {
     LogOptions options;
   };
   const std::vector<Entry>& entries() const { return entries_; }
+  /// The entries in name order: what every rank reduces in the same order (sync_dist).
+  std::vector<const Entry*> entries_by_name() const {
+    std::vector<const Entry*> sorted;
+    for (const auto& e : entries_) sorted.push_back(&e);
+    std::sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) { return a->name < b->name; });
+    return sorted;
+  }
   void reset(bool accumulate) {
     entries_.clear();
     accumulate_ = accumulate;

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,13 +29,31 @@ extern char** environ;
 namespace fulgur::distributed {
 
 namespace {
-std::vector<pid_t> workers;  // read by the signal handler
+constexpr int kMaxWorkers = 1024;
+std::atomic<pid_t> workers[kMaxWorkers];  // read by the signal handler: atomics, no allocation
+std::atomic<int> worker_count{0};
 std::atomic<int> forwarded_signal{0};
+constexpr const char* kLaunchVariables[] = {"RANK",           "LOCAL_RANK",  "WORLD_SIZE",
+                                            "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                                            "MASTER_PORT",    "TORCHELASTIC_USE_AGENT_STORE",
+                                            "TORCHELASTIC_RESTART_COUNT", "ROLE_RANK", "ROLE_WORLD_SIZE"};
+
+void signal_workers(int signal) {
+  for (int i = 0; i < worker_count.load(); ++i)
+    if (const pid_t pid = workers[i].load(); pid > 0) ::kill(pid, signal);
+}
 
 void forward_signal(int signal) {
   forwarded_signal.store(signal);
-  for (pid_t pid : workers)
-    if (pid > 0) ::kill(pid, signal);
+  signal_workers(signal);
+}
+
+bool is_launch_variable(const char* entry) {
+  for (const char* name : kLaunchVariables) {
+    const std::size_t n = std::strlen(name);
+    if (std::strncmp(entry, name, n) == 0 && entry[n] == '=') return true;
+  }
+  return false;
 }
 
 int free_port() {
@@ -93,7 +112,8 @@ void launch_local_workers(const LaunchPlan& plan) {
   std::vector<std::vector<char*>> envps(environments.size());
   for (int local = 0; local < plan.processes_per_node; ++local) {
     auto& env = environments[static_cast<std::size_t>(local)];
-    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    for (char** e = environ; *e; ++e)
+      if (!is_launch_variable(*e)) env.emplace_back(*e);  // stale values would shadow the new ones
     const int rank = node_rank * plan.processes_per_node + local;
     for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
              {"RANK", std::to_string(rank)},
@@ -113,48 +133,78 @@ void launch_local_workers(const LaunchPlan& plan) {
                (node_rank + 1) * plan.processes_per_node - 1, world, address.c_str(), port.c_str());
   std::fflush(stderr);
   std::fflush(stdout);
-  workers.assign(static_cast<std::size_t>(plan.processes_per_node), -1);
+  if (plan.processes_per_node > kMaxWorkers)
+    throw MisconfigurationError("fulgur launcher: at most " + std::to_string(kMaxWorkers) + " processes per node.");
+  // The four signals wait while the workers are forked (none is lost, none orphans a worker), and
+  // each worker dies with the supervisor (PR_SET_PDEATHSIG), whatever ends it.
+  sigset_t forwarded, previous;
+  sigemptyset(&forwarded);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&forwarded, sig);
+  ::sigprocmask(SIG_BLOCK, &forwarded, &previous);
+  ::signal(SIGCHLD, SIG_DFL);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) ::signal(sig, forward_signal);
+  const pid_t supervisor = ::getpid();
   for (int local = 0; local < plan.processes_per_node; ++local) {
     const pid_t pid = ::fork();
     if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != supervisor) std::_Exit(126);  // the supervisor is already gone
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) ::signal(sig, SIG_DFL);
+      ::sigprocmask(SIG_SETMASK, &previous, nullptr);
       ::execve("/proc/self/exe", argv.data(), envps[static_cast<std::size_t>(local)].data());
       std::_Exit(127);
     }
     if (pid < 0) {
-      forward_signal(SIGKILL);
-      throw DistributedError(std::string("fulgur launcher: fork failed: ") + std::strerror(errno));
+      const int error = errno;
+      signal_workers(SIGKILL);
+      for (int i = 0; i < worker_count.load(); ++i) ::waitpid(workers[i].load(), nullptr, 0);
+      throw DistributedError(std::string("fulgur launcher: fork failed: ") + std::strerror(error));
     }
-    workers[static_cast<std::size_t>(local)] = pid;
+    workers[local].store(pid);
+    worker_count.store(local + 1);
   }
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) ::signal(sig, forward_signal);
+  ::sigprocmask(SIG_SETMASK, &previous, nullptr);
 
+  // A failed worker's peers get a grace period to notice and report it themselves (their lost-rank
+  // probe takes ~2.5 s), then SIGTERM, then SIGKILL.
+  using clock = std::chrono::steady_clock;
   int running = plan.processes_per_node, first_failed = -1, first_status = 0;
-  auto deadline = std::chrono::steady_clock::time_point::max();
+  auto terminate_at = clock::time_point::max(), kill_at = clock::time_point::max();
   while (running > 0) {
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) {
-      if (std::chrono::steady_clock::now() > deadline) forward_signal(SIGKILL);  // ignored the request to stop
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
-    }
-    int local = -1;
-    for (std::size_t i = 0; i < workers.size(); ++i)
-      if (workers[i] == pid) local = static_cast<int>(i);
-    if (local < 0) continue;
-    workers[static_cast<std::size_t>(local)] = -1;
-    --running;
-    const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    if (failed && first_failed < 0 && forwarded_signal.load() == 0) {
-      first_failed = node_rank * plan.processes_per_node + local;
-      first_status = status;
-      if (running > 0) {
-        std::fprintf(stderr, "fulgur launcher: rank %d (pid %d) failed with %s; stopping the other ranks.\n",
-                     first_failed, pid, describe_status(status).c_str());
-        forward_signal(SIGTERM);
-        deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    bool reaped = false;
+    for (int local = 0; local < plan.processes_per_node; ++local) {
+      const pid_t pid = workers[local].load();
+      if (pid <= 0) continue;
+      int status = 0;
+      const pid_t done = ::waitpid(pid, &status, WNOHANG);
+      if (done == 0) continue;
+      if (done < 0 && errno == EINTR) continue;
+      reaped = true;
+      workers[local].store(-1);
+      --running;
+      if (done < 0) status = -1;  // not ours to reap any more: count it as failed
+      const bool failed = !(done > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed && first_failed < 0 && forwarded_signal.load() == 0) {
+        first_failed = node_rank * plan.processes_per_node + local;
+        first_status = status;
+        if (running > 0) {
+          std::fprintf(stderr, "fulgur launcher: rank %d (pid %d) failed with %s; stopping the other ranks.\n",
+                       first_failed, pid, describe_status(status).c_str());
+          terminate_at = clock::now() + std::chrono::seconds(5);
+          kill_at = terminate_at + std::chrono::seconds(10);
+        }
       }
     }
+    if (running == 0) break;
+    const auto now = clock::now();
+    if (now > kill_at) {
+      signal_workers(SIGKILL);
+      kill_at = clock::time_point::max();
+    } else if (now > terminate_at) {
+      signal_workers(SIGTERM);
+      terminate_at = clock::time_point::max();
+    }
+    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (first_failed >= 0) {
     std::fprintf(stderr, "fulgur launcher: the run failed: rank %d ended with %s.\n", first_failed,

@@ -6,9 +6,11 @@
 
 namespace fulgur::distributed::detail {
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                    std::chrono::milliseconds timeout) {
+                                                    std::chrono::milliseconds timeout, c10::Device device) {
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  backend->setBoundDeviceId(device);  // this rank's GPU, never rank % device count
+  return backend;
 }
 }  // namespace fulgur::distributed::detail

@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <condition_variable>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -48,23 +49,24 @@ struct ProcessGroup::Impl {
   // Liveness: every rank bumps a counter in the store once a second. When a collective fails,
   // the survivors look for counters that stopped moving, to name the rank that was lost.
   std::thread heartbeat;
-  std::mutex heartbeat_mutex;
+  std::mutex heartbeat_mutex;  // only for the wake-up: never held across a store call
   std::condition_variable heartbeat_wakeup;
-  bool stopping = false;
+  std::atomic<bool> stopping{false};
+  c10::Device device{c10::kCPU};
 
   static std::string alive_key(int r) { return "fulgur_alive/" + std::to_string(r); }
 
   void start_heartbeat() {
     if (size == 1) return;
     heartbeat = std::thread([this] {
-      std::unique_lock<std::mutex> lock(heartbeat_mutex);
-      while (!stopping) {
+      while (!stopping.load()) {
         try {
           store->add(alive_key(rank), 1);
         } catch (const std::exception&) {
           return;  // the store is gone: nothing left to report to
         }
-        heartbeat_wakeup.wait_for(lock, std::chrono::seconds(1));
+        std::unique_lock<std::mutex> lock(heartbeat_mutex);
+        heartbeat_wakeup.wait_for(lock, std::chrono::seconds(1), [this] { return stopping.load(); });
       }
     });
   }
@@ -72,7 +74,7 @@ struct ProcessGroup::Impl {
   ~Impl() {
     {
       std::lock_guard<std::mutex> lock(heartbeat_mutex);
-      stopping = true;
+      stopping.store(true);
     }
     heartbeat_wakeup.notify_all();
     if (heartbeat.joinable()) heartbeat.join();
@@ -99,10 +101,11 @@ struct ProcessGroup::Impl {
         for (int r = 0; r < world; ++r)
           if (r != self && store_ref->add(alive_key(r), 0) == before[static_cast<std::size_t>(r)])
             text += (text.empty() ? "rank " : ", rank ") + std::to_string(r);
-        if (!text.empty()) text += " stopped responding";
       } catch (const std::exception&) {
-        if (self != 0) text = "rank 0, which serves the rendezvous store, is unreachable";
+        // the store went away mid-probe: keep what was found; without it, blame the store's host
+        if (text.empty() && self != 0) text = "rank 0, which serves the rendezvous store, is unreachable";
       }
+      if (!text.empty() && text.rfind("rank 0, which", 0) != 0) text += " stopped responding";
       std::lock_guard<std::mutex> lock(probe->mutex);
       probe->text = text;
       probe->done = true;
@@ -158,9 +161,11 @@ void PendingCollective::wait() {
   impl->group->wait(impl->work, impl->op);
 }
 
-ProcessGroup::ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std::chrono::milliseconds timeout)
+ProcessGroup::ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std::chrono::milliseconds timeout,
+                           c10::Device device)
     : impl_(std::make_unique<Impl>()) {
   impl_->kind = kind;
+  impl_->device = device;
   impl_->rank = env.rank;
   impl_->size = env.world_size;
   impl_->timeout = timeout;
@@ -168,9 +173,10 @@ ProcessGroup::ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std:
   try {
     // One store per process, as Python's default group has; each group gets its own key prefix,
     // so a second Trainer in the same processes never reads the first one's addresses.
-    static std::mutex stores_mutex;
-    static std::map<std::string, c10::intrusive_ptr<c10d::Store>> stores;
-    static std::map<std::string, int> generations;
+    // Never destroyed: a lost-rank probe may still hold a store while the process exits.
+    static std::mutex& stores_mutex = *new std::mutex;
+    static auto& stores = *new std::map<std::string, c10::intrusive_ptr<c10d::Store>>;
+    static auto& generations = *new std::map<std::string, int>;
     std::lock_guard<std::mutex> lock(stores_mutex);
     auto& store = stores[where];
     if (!store) {
@@ -205,7 +211,7 @@ ProcessGroup::ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std:
   try {
     impl_->backend = kind == BackendKind::gloo
                          ? detail::make_gloo_backend(impl_->store, env.rank, env.world_size, timeout)
-                         : detail::make_nccl_backend(impl_->store, env.rank, env.world_size, timeout);
+                         : detail::make_nccl_backend(impl_->store, env.rank, env.world_size, timeout, device);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -267,6 +273,7 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
 void ProcessGroup::barrier() {
   c10d::BarrierOptions options;
   options.timeout = impl_->timeout;
+  if (impl_->kind == BackendKind::nccl) options.device_ids = {impl_->device.index()};  // this rank's GPU
   impl_->wait(impl_->launch("barrier", [&] { return impl_->backend->barrier(options); }), "barrier");
 }
 

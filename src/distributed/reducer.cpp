@@ -24,6 +24,9 @@ struct GradientReducer::State {
     std::size_t pending = 0;
     PendingCollective work;
   };
+  at::Tensor used;                // find_unused_parameters: per slot, 1 if this rank produced a gradient
+  bool poisoned = false;          // a backward failed mid-way: this rank's collectives are out of step
+
 
   ProcessGroup* group = nullptr;
   ReducerOptions options;
@@ -94,6 +97,9 @@ GradientReducer::GradientReducer(ProcessGroup& group, std::vector<std::pair<std:
     const auto& last = state_->slots[bucket.slots.back()];
     bucket.flat = at::zeros({last.offset + last.param.numel()}, last.param.options().requires_grad(false));
   }
+  const auto device = state_->slots.empty() ? c10::Device(c10::kCPU) : state_->slots.front().param.device();
+  state_->used = at::zeros({static_cast<std::int64_t>(state_->slots.size())},
+                           at::TensorOptions().dtype(at::kInt).device(device));
   for (std::size_t i = 0; i < state_->slots.size(); ++i)
     torch::autograd::impl::set_post_acc_grad_hooks(state_->slots[i].param,
                                                    std::make_unique<GradientReadyHook>(state_.get(), i));
@@ -105,6 +111,9 @@ GradientReducer::~GradientReducer() {
 
 void GradientReducer::prepare_for_backward() {
   std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->poisoned)
+    throw DistributedError("fulgur: DDP: an earlier backward failed on rank " + std::to_string(state_->group->rank()) +
+                           ", so this rank's collectives are out of step with the others'; the run cannot continue.");
   state_->armed = sync_;
   if (!sync_) return;
   state_->next_to_launch = 0;
@@ -119,21 +128,27 @@ void GradientReducer::finalize_backward() {
     if (!s.armed) return;
     s.armed = false;
     std::vector<std::string> unused;
-    for (auto& bucket : s.buckets) {
-      if (bucket.pending == 0) continue;
-      for (std::size_t index : bucket.slots) {
-        auto& slot = s.slots[index];
-        if (slot.ready) continue;
-        if (!s.options.find_unused_parameters) {
-          unused.push_back(slot.name);
-          continue;
-        }
-        bucket.flat.narrow(0, slot.offset, slot.param.numel()).zero_();  // contributes nothing, receives the mean
-        slot.ready = true;
-        --bucket.pending;
+    std::vector<std::int32_t> used(s.slots.size(), 0);
+    for (std::size_t index = 0; index < s.slots.size(); ++index) {
+      auto& slot = s.slots[index];
+      used[index] = slot.ready ? 1 : 0;
+      if (slot.ready) continue;
+      if (!s.options.find_unused_parameters) {
+        unused.push_back(slot.name);
+        continue;
       }
+      // No gradient from this backward: contribute what accumulated earlier (no_backward_sync
+      // micro-batches), or zeros; receive the average either way.
+      auto region = s.buckets[slot.bucket].flat.narrow(0, slot.offset, slot.param.numel());
+      if (slot.param.grad().defined())
+        region.copy_(slot.param.grad().reshape({-1}));
+      else
+        region.zero_();
+      slot.ready = true;
+      --s.buckets[slot.bucket].pending;
     }
     if (!unused.empty()) {
+      s.poisoned = true;
       std::string names;
       for (std::size_t i = 0; i < unused.size() && i < 10; ++i) names += (i ? "', '" : "'") + unused[i];
       names += "'";
@@ -143,19 +158,51 @@ void GradientReducer::finalize_backward() {
                              ", so their all-reduce cannot complete. Make every parameter take part in the loss, or "
                              "set TrainerConfig::ddp.find_unused_parameters = true.");
     }
+    if (s.options.find_unused_parameters) s.used.copy_(at::tensor(used, at::TensorOptions().dtype(at::kInt)));
     s.launch_ready();
   }
+  // After every bucket, in the same place on every rank: how many ranks used each parameter.
+  PendingCollective used_counts;
+  if (s.options.find_unused_parameters) used_counts = s.group->all_reduce_sum_async(s.used);
   const double world = static_cast<double>(s.group->size());
+  try {
+    for (auto& bucket : s.buckets) {
+      if (!bucket.work.valid())
+        throw DistributedError("fulgur: DDP internal error: a gradient bucket was never sent on rank " +
+                               std::to_string(s.group->rank()) + ".");
+      bucket.work.wait();
+    }
+    used_counts.wait();
+  } catch (...) {
+    s.poisoned = true;
+    throw;
+  }
+  const at::Tensor used_by = s.options.find_unused_parameters ? s.used.cpu() : at::Tensor();
   for (auto& bucket : s.buckets) {
-    bucket.work.wait();
     if (world > 1) bucket.flat.div_(world);
     for (std::size_t index : bucket.slots) {
       auto& slot = s.slots[index];
+      // A parameter no rank used keeps no gradient, as in PyTorch: momentum and weight decay leave it alone.
+      if (used_by.defined() && used_by.data_ptr<std::int32_t>()[index] == 0 && !slot.param.grad().defined())
+        continue;
       auto averaged = bucket.flat.narrow(0, slot.offset, slot.param.numel()).view(slot.param.sizes());
       if (slot.param.grad().defined())
         slot.param.mutable_grad().copy_(averaged);
       else
         slot.param.mutable_grad() = averaged.clone();
+    }
+  }
+}
+
+void GradientReducer::abandon_backward() noexcept {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.armed = false;
+  s.poisoned = true;
+  for (auto& bucket : s.buckets) {
+    try {
+      bucket.work.wait();  // no collective may still write into a buffer
+    } catch (...) {
     }
   }
 }

@@ -84,6 +84,8 @@ void collectives() {
   // all_gather: equal shapes stack; uneven shapes are padded, gathered and trimmed.
   const auto stacked = trainer.all_gather(at::full({2, 2}, static_cast<float>(rank)));
   check(stacked.sizes() == at::IntArrayRef({2, 2, 2}) && stacked[1].equal(at::ones({2, 2})), "all_gather stacks");
+  const auto scalars = trainer.all_gather(at::scalar_tensor(static_cast<float>(rank)));
+  check(scalars.sizes() == at::IntArrayRef({2}) && scalars[1].item<float>() == 1.0f, "all_gather of a 0-dim tensor");
   const auto uneven = trainer.strategy().all_gather_uneven(at::full({rank + 1, 2}, static_cast<float>(rank)));
   check(uneven.size() == 2 && uneven[0].sizes() == at::IntArrayRef({1, 2}) && uneven[1].sizes() == at::IntArrayRef({2, 2}) &&
             uneven[1].equal(at::ones({2, 2})),
@@ -202,9 +204,28 @@ void accumulation() {
 
 struct PartlyUsedImpl : NetImpl {
   PartlyUsedImpl() { spare = register_module("spare", torch::nn::Linear(8, 8)); }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {  // weight decay would move a zero-gradient spare
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.1));
+  }
   torch::nn::Linear spare{nullptr};
 };
 TORCH_MODULE(PartlyUsed);
+
+// One weight registered twice (tied): it is reduced once, and training works with the defaults.
+struct TiedImpl : NetImpl {
+  TiedImpl() { register_module("fc1_again", fc1); }
+};
+TORCH_MODULE(Tied);
+
+void tied_weights() {
+  auto [x, y] = dataset(64);
+  data::TensorLoader loader(x, y, {.batch_size = 8});
+  Tied model;
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1}));
+  check(trainer.fit(model, loader).global_step == 4, "a model with tied weights trains under DDP");
+  for (const auto& p : model->parameters())
+    check(torch::equal(trainer.all_gather(p.detach())[0], trainer.all_gather(p.detach())[1]), "replicas identical");
+}
 
 // A parameter without gradient: an error that names it (find_unused_parameters off), or zeros (on).
 void unused_parameters() {
@@ -225,11 +246,16 @@ void unused_parameters() {
   }
   {
     PartlyUsed model;
+    const auto spare_before = model->spare->weight.detach().clone();
     auto c = config({.max_epochs = 1});
     c.ddp.find_unused_parameters = true;
     Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(c);
     const auto result = trainer.fit(model, loader);
     check(result.global_step == 4, "find_unused_parameters trains");
+    auto initial = spare_before.clone();
+    trainer.broadcast(initial, 0);  // every rank started from rank 0's weights (broadcast at setup)
+    check(torch::equal(initial, model->spare->weight),
+          "a parameter no rank used keeps no gradient (weight decay and momentum leave it alone)");
   }
 }
 
@@ -347,7 +373,10 @@ int main(int argc, char** argv) {
     if (scenario == "collectives") collectives();
     else if (scenario == "parity") parity();
     else if (scenario == "accumulation") accumulation();
-    else if (scenario == "unused") unused_parameters();
+    else if (scenario == "unused") {
+      unused_parameters();
+      tied_weights();
+    }
     else if (scenario == "fault") fault();
     else if (scenario == "launched") launched();
     else if (scenario == "amp") amp_agreement();

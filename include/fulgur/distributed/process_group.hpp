@@ -4,6 +4,7 @@
 // most the group's timeout: a lost peer is a DistributedError naming the operation and the rank,
 // never a hang. (c10d's headers stay in src/distributed/.)
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <memory>
@@ -37,8 +38,10 @@ class PendingCollective {
 class ProcessGroup {
  public:
   /// Meets the other processes through a TCPStore (served by rank 0, or by torchrun's agent) and
-  /// connects the backend. Waits at most `timeout` for every peer.
-  ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std::chrono::milliseconds timeout);
+  /// connects the backend. Waits at most `timeout` for every peer. `device`: this rank's device
+  /// (NCCL binds its communicators to it).
+  ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std::chrono::milliseconds timeout,
+               c10::Device device = c10::Device(c10::kCPU));
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;

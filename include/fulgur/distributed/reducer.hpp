@@ -7,6 +7,8 @@
 // gradient into its bucket; a full bucket is all-reduced asynchronously — always in bucket order,
 // so every rank issues the same collectives in the same order. finalize_backward() waits for all
 // of them, divides by the world size and writes the averages back into the gradients.
+// A parameter appears once however often the module registers it (tied weights). Its hook is the
+// parameter's post-accumulate-grad hook: a hook set there before is replaced.
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
@@ -38,6 +40,9 @@ class GradientReducer {
   /// Completes the buckets (unused parameters: zeros, or an error naming them), waits for every
   /// all-reduce and writes the averaged gradients back.
   void finalize_backward();
+  /// Called when backward threw: waits for the collectives already sent (so none writes into a
+  /// buffer later) and refuses further backwards on this rank, whose collectives are now out of step.
+  void abandon_backward() noexcept;
   /// Off: backward accumulates locally without communication (gradient accumulation micro-batches).
   void set_sync(bool enabled) { sync_ = enabled; }
   bool sync() const { return sync_; }

@@ -218,10 +218,10 @@ double Trainer<A, S, P>::validation_loop(Module& module, ValData& val_data, std:
     throw DataError("fulgur: the validation data yielded no batches; give it data, or call fit without it.");
   const at::Tensor totals =
       strategy_.all_reduce(at::stack({weighted_sum, at::scalar_tensor(weight, weighted_sum.options())}), ReduceOp::sum);
-  for (const auto& entry : ctx.entries()) {
-    at::Tensor mean = entry.sum / entry.weight;
-    if (entry.options.sync_dist) mean = strategy_.all_reduce(mean, ReduceOp::mean);
-    metrics[entry.name] = mean.template item<double>();
+  for (const auto* entry : ctx.entries_by_name()) {  // the same order on every rank
+    at::Tensor mean = entry->sum / entry->weight;
+    if (entry->options.sync_dist) mean = strategy_.all_reduce(mean, ReduceOp::mean);
+    metrics[entry->name] = mean.template item<double>();
   }
   m.train(was_training);
   detail::on_validation_epoch_end(m);
@@ -377,10 +377,10 @@ FitResult Trainer<A, S, P>::run_fit(Module& module, TrainData& train_data, ValDa
 
     summary.global_step = global_step;
     result.metrics["train_loss"] = summary.train_loss;
-    for (const auto& entry : ctx.entries()) {
-      at::Tensor v = entry.sum.detach().to(at::kDouble);
-      if (entry.options.sync_dist) v = strategy_.all_reduce(v, ReduceOp::mean);
-      result.metrics[entry.name] = v.template item<double>();
+    for (const auto* entry : ctx.entries_by_name()) {  // the same order on every rank
+      at::Tensor v = entry->sum.detach().to(at::kDouble);
+      if (entry->options.sync_dist) v = strategy_.all_reduce(v, ReduceOp::mean);
+      result.metrics[entry->name] = v.template item<double>();
     }
     if constexpr (has_val) {
       if ((epoch + 1) % config_.check_val_every_n_epoch == 0) {

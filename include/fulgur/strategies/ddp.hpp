@@ -13,6 +13,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstring>
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <string>
@@ -83,7 +84,7 @@ class BasicDDPStrategy {
   template <class Accelerator>
   void setup_environment(Accelerator& accelerator) {
     accelerator.setup_device(root_device_);
-    group_ = std::make_unique<distributed::ProcessGroup>(kind_, env_, options_.timeout);
+    group_ = std::make_unique<distributed::ProcessGroup>(kind_, env_, options_.timeout, root_device_);
   }
 
   /// Broadcasts rank 0's parameters and buffers, then installs the gradient hooks.
@@ -91,7 +92,11 @@ class BasicDDPStrategy {
     reducer_.reset();  // first: its destructor removes its hooks, which must not be the new ones
     at::NoGradGuard no_grad;
     std::vector<std::pair<std::string, at::Tensor>> named;
+    std::vector<const void*> seen;  // tied weights: one tensor registered under two names counts once
     for (const auto& item : module.named_parameters()) {
+      const void* impl = item.value().unsafeGetTensorImpl();
+      if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
+      seen.push_back(impl);
       group().broadcast(item.value().detach(), 0);
       named.emplace_back(item.key(), item.value());
     }
@@ -128,7 +133,12 @@ class BasicDDPStrategy {
   void backward(const at::Tensor& loss, torch::nn::Module& module, Precision& precision) {
     precision.pre_backward(loss, module);
     if (reducer_) reducer_->prepare_for_backward();
-    precision.backward(loss, module);
+    try {
+      precision.backward(loss, module);
+    } catch (...) {
+      if (reducer_) reducer_->abandon_backward();  // buckets already sent must not land later
+      throw;
+    }
     if (reducer_) reducer_->finalize_backward();
     precision.post_backward(loss, module);
   }
@@ -180,6 +190,11 @@ class BasicDDPStrategy {
     return at::stack(parts);
   }
   std::vector<at::Tensor> all_gather_uneven(const at::Tensor& tensor) {
+    if (tensor.dim() == 0) {  // a scalar: gather it as a 1-element vector
+      auto parts = all_gather_uneven(tensor.unsqueeze(0));
+      for (auto& part : parts) part = part.squeeze(0);
+      return parts;
+    }
     const auto local = tensor.contiguous();
     const auto dims = at::tensor(local.sizes().vec(), at::TensorOptions().dtype(at::kLong)).to(root_device_);
     const auto all_dims = group().all_gather(dims);  // every rank's shape (same rank count of dims required)

@@ -1,0 +1,17 @@
+# cmake -DNM=... -DOBJECTS="a.o;b.o" -P FulgurCheckNoGlooSymbols.cmake
+# fulgur's gloo declarations (src/distributed/gloo_declarations) must never define code or data:
+# any defined symbol that names gloo, or ProcessGroupGloo's inline GlooStore, could clash with
+# LibTorch's own at run time.
+set(found "")
+foreach(object IN LISTS OBJECTS)
+  execute_process(COMMAND ${NM} -C --defined-only ${object} OUTPUT_VARIABLE symbols ERROR_QUIET)
+  string(REGEX MATCHALL "[^\n]*(gloo::|GlooStore)[^\n]*" hits "${symbols}")
+  if(hits)
+    list(APPEND found ${hits})
+  endif()
+endforeach()
+if(found)
+  string(REPLACE ";" "\n" found "${found}")
+  message(FATAL_ERROR "fulgur's objects define gloo symbols:\n${found}")
+endif()
+message(STATUS "no gloo symbol is defined by fulgur's objects")
