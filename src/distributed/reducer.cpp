@@ -128,10 +128,11 @@ void GradientReducer::finalize_backward() {
     if (!s.armed) return;
     s.armed = false;
     std::vector<std::string> unused;
-    std::vector<std::int32_t> used(s.slots.size(), 0);
+    std::vector<std::int32_t> used;  // only under find_unused_parameters: no allocation otherwise
+    if (s.options.find_unused_parameters) used.assign(s.slots.size(), 0);
     for (std::size_t index = 0; index < s.slots.size(); ++index) {
       auto& slot = s.slots[index];
-      used[index] = slot.ready ? 1 : 0;
+      if (!used.empty()) used[index] = slot.ready ? 1 : 0;
       if (slot.ready) continue;
       if (!s.options.find_unused_parameters) {
         unused.push_back(slot.name);
