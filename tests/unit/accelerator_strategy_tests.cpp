@@ -318,3 +318,30 @@ TEST_CASE("DDP in one process: buckets in reverse order, first about 1 MiB, and 
   CHECK(layout[0] == std::vector<std::string>{"fc2.bias", "fc2.weight", "fc1.bias"});
   CHECK(layout[1] == std::vector<std::string>{"fc1.weight"});
 }
+
+namespace {
+// Identity forward; its backward throws: placed between two layers, it fails backward after the
+// last layer's gradient bucket has been sent.
+struct ThrowInBackward : torch::autograd::Function<ThrowInBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    throw std::runtime_error("backward failed on purpose");
+  }
+};
+}  // namespace
+
+TEST_CASE("DDP: a backward that fails mid-graph drains what was sent and refuses to go on", "[distributed]") {
+  if (std::getenv("RANK") || std::getenv("SLURM_PROCID")) return;  // needs a world of one
+  TrainerConfig config = test::quiet();
+  config.ddp.first_bucket_bytes = 256;  // fc2's gradients fill the first bucket on their own
+  fulgur::Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(config);
+  test::Classifier model;
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  trainer.setup(model, optimizer);
+  REQUIRE(trainer.strategy().reducer()->bucket_count() >= 2);
+  const auto x = torch::randn({4, 8});
+  auto loss = model->fc2(ThrowInBackward::apply(torch::relu(model->fc1(x)))).sum();
+  CHECK_THROWS_WITH(trainer.backward(loss), Catch::Contains("backward failed on purpose"));
+  CHECK_THAT(test::message_of<DistributedError>([&] { trainer.backward(model->forward(x).sum()); }),
+             Catch::Contains("an earlier backward failed on rank 0"));
+}
