@@ -77,22 +77,17 @@ void hand_written(Mlp& model, const std::vector<fulgur::data::Batch>& batches) {
   }
 }
 
-template <class P>
-void with_fulgur(fulgur::Trainer<fulgur::CPUAccelerator, fulgur::SingleDeviceStrategy, P>& trainer, Mlp& model,
-                 std::vector<fulgur::data::Batch>& batches) {
-  trainer.fit(model, batches);
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-template <class P>
+template <class Trainer>
 void BM_step(benchmark::State& state) {
+  using P = typename Trainer::precision_type;
   auto batches = make_batches();
-  fulgur::Trainer<fulgur::CPUAccelerator, fulgur::SingleDeviceStrategy, P> trainer(
-      {.max_epochs = 1, .enable_progress_bar = false});
+  Trainer trainer({.max_epochs = 1, .enable_progress_bar = false});
   std::vector<double> hand_us, fulgur_us, ratios;
   bool fulgur_first = false;
   using clock = std::chrono::steady_clock;
@@ -106,7 +101,7 @@ void BM_step(benchmark::State& state) {
     };
     auto time_fulgur = [&] {
       const auto t0 = clock::now();
-      with_fulgur<P>(trainer, fulgur_model, batches);
+      trainer.fit(fulgur_model, batches);
       t_fulgur = std::chrono::duration<double, std::micro>(clock::now() - t0).count() / kSteps;
     };
     if (fulgur_first) { time_fulgur(); time_hand(); } else { time_hand(); time_fulgur(); }
@@ -124,12 +119,20 @@ void BM_step(benchmark::State& state) {
 
 }  // namespace
 
-#define FULGUR_BENCH(P) BENCHMARK_TEMPLATE(BM_step, P)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(3.0)
-FULGUR_BENCH(fulgur::FloatPrecision);
-FULGUR_BENCH(fulgur::DoublePrecision);
-FULGUR_BENCH(fulgur::FP16MixedPrecision);
-FULGUR_BENCH(fulgur::BF16MixedPrecision);
-FULGUR_BENCH(fulgur::FP16TruePrecision);
-FULGUR_BENCH(fulgur::BF16TruePrecision);
+// The matrix: every compatible CPU single-device combination, from the shipped policy lists.
+inline constexpr auto cpu_trainers = fulgur::compatible_trainers(
+    boost::hana::tuple_t<fulgur::CPUAccelerator>, boost::hana::tuple_t<fulgur::SingleDeviceStrategy>,
+    fulgur::shipped_precisions);
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  boost::hana::for_each(cpu_trainers, [](auto trainer_type) {
+    using Trainer = typename decltype(trainer_type)::type;
+    benchmark::RegisterBenchmark(("BM_step/" + std::string(Trainer::precision_type::name)).c_str(), BM_step<Trainer>)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(3.0);
+  });
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}

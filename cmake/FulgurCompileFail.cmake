@@ -2,9 +2,12 @@
 #
 # Two ctest cases per call:
 #   compile_fail.NAME       builds SOURCE with -DFULGUR_COMPILE_FAIL[=R]; passes only if the build
-#                           fails AND the compiler output contains EXPECT;
+#                           fails with exactly one error AND the compiler output contains EXPECT;
 #   compile_fail.NAME.twin  builds SOURCE without it (the compiling twin); must succeed.
+# Where a clang++ is installed (FULGUR_CLANG_CXX), two more check the same under clang:
+#   compile_fail.NAME.clang and compile_fail.NAME.twin.clang (syntax only, the g++ build's flags).
 # Targets are EXCLUDE_FROM_ALL, so `cmake --build` of the project never trips on them.
+find_program(FULGUR_CLANG_CXX NAMES clang++-16 clang++-15 clang++)
 function(fulgur_compile_fail_test name source)
   cmake_parse_arguments(ARG "TORCH_FREE" "RULE;EXPECT" "" ${ARGN})
   set(fail_target compile_fail_${name})
@@ -30,4 +33,19 @@ function(fulgur_compile_fail_test name source)
     COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target ${twin_target})
   # Builds in one build tree must not run at the same time as each other.
   set_tests_properties(compile_fail.${name} compile_fail.${name}.twin PROPERTIES RESOURCE_LOCK build_tree LABELS compile_fail)
+  if(FULGUR_CLANG_CXX)
+    foreach(mode fail twin)
+      set(target ${fail_target})
+      set(test_name compile_fail.${name}.clang)
+      if(mode STREQUAL "twin")
+        set(target ${twin_target})
+        set(test_name compile_fail.${name}.twin.clang)
+      endif()
+      add_test(NAME ${test_name}
+        COMMAND ${CMAKE_COMMAND} -DCOMMANDS=${CMAKE_BINARY_DIR}/compile_commands.json -DTARGET=${target}
+                -DCLANG=${FULGUR_CLANG_CXX} -DMODE=${mode} "-DEXPECT=${ARG_EXPECT}"
+                -P ${PROJECT_SOURCE_DIR}/cmake/FulgurClangCompileFail.cmake)
+      set_tests_properties(${test_name} PROPERTIES LABELS "compile_fail;clang")
+    endforeach()
+  endif()
 endfunction()

@@ -10,7 +10,7 @@ LIGHTNING_VERSION=2.6.6
 SKLEARN_VERSION=1.7.2
 NUMPY_VERSION=2.3.5
 
-debs=(libboost-dev catch2 libbenchmark-dev ccache python3-venv ninja-build iproute2 procps)
+debs=(libboost-dev catch2 libbenchmark-dev ccache python3-venv ninja-build iproute2 procps clang-16)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -1,11 +1,16 @@
 // Lightning's `devices` parsing (lightning/fabric/utilities/device_parser.py, cpu.py).
+#include <ATen/Context.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <numeric>
 #include <set>
 #include <string>
 
 #include "fulgur/accelerators/cuda.hpp"
+#include "fulgur/accelerators/defaults.hpp"
 #include "fulgur/accelerators/device_parsing.hpp"
 #include "fulgur/errors.hpp"
 
@@ -36,16 +41,26 @@ std::vector<int> all_ids(int available) {
   return ids;
 }
 
-std::vector<int> sanitize_cuda_ids(std::vector<int> ids, int available) {
-  if (ids.empty()) throw AcceleratorError("GPUs requested but none are available.");
+/// Lightning's texts say "GPU"/"gpu" for CUDA; other device types are named as they are.
+std::string upper(std::string_view name) {
+  std::string out(name);
+  for (auto& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name == "cuda" ? "GPU" : out;
+}
+
+std::vector<int> sanitize_ids(std::vector<int> ids, int available, std::string_view name) {
+  const std::string kind = upper(name);
+  if (ids.empty()) throw AcceleratorError(kind + "s requested but none are available.");
   if (std::set<int>(ids.begin(), ids.end()).size() != ids.size())
-    throw MisconfigurationError("Device ID's (GPU) must be unique.");
+    throw MisconfigurationError("Device ID's (" + kind + ") must be unique.");
   for (int id : ids)
     if (id < 0 || id >= available)
-      throw AcceleratorError("You requested gpu: " + list_text(ids) + "\n But your machine only has: " +
-                             list_text(all_ids(available)));
+      throw AcceleratorError("You requested " + (name == "cuda" ? std::string("gpu") : std::string(name)) + ": " +
+                             list_text(ids) + "\n But your machine only has: " + list_text(all_ids(available)));
   return ids;
 }
+
+std::string accelerator_class(std::string_view name) { return name == "cuda" ? "CUDAAccelerator" : upper(name) + " accelerator"; }
 }  // namespace
 
 std::vector<int> parse_cpu_devices(int devices) {
@@ -64,28 +79,28 @@ std::vector<int> parse_cpu_devices(std::string_view devices) {
   return parse_cpu_devices(n);
 }
 
-std::vector<int> parse_cuda_devices(int devices, int available) {
+std::vector<int> parse_indexed_devices(int devices, int available, std::string_view name) {
   if (devices == 0)
-    throw MisconfigurationError(
-        "`devices=0` is not a valid input using CUDAAccelerator: ask for at least one device (an int > 0, "
-        "-1 for all of them, or a list such as \"1,3\").");
-  if (devices == -1) return sanitize_cuda_ids(all_ids(available), available);
+    throw MisconfigurationError("`devices=0` is not a valid input using " + accelerator_class(name) +
+                                ": ask for at least one device (an int > 0, -1 for all of them, or a list such as "
+                                "\"1,3\").");
+  if (devices == -1) return sanitize_ids(all_ids(available), available, name);
   if (devices < -1)
-    throw MisconfigurationError("`devices` selected with `CUDAAccelerator` should be an int > 0 or -1, got " +
-                                std::to_string(devices) + ".");
-  return sanitize_cuda_ids(all_ids(devices), available);
+    throw MisconfigurationError("`devices` selected with `" + accelerator_class(name) +
+                                "` should be an int > 0 or -1, got " + std::to_string(devices) + ".");
+  return sanitize_ids(all_ids(devices), available, name);
 }
 
-std::vector<int> parse_cuda_devices(std::string_view spec, int available) {
+std::vector<int> parse_indexed_devices(std::string_view spec, int available, std::string_view name) {
   const std::string_view s = trim(spec);
-  if (s == "-1" || s == "auto") return parse_cuda_devices(-1, available);
+  if (s == "-1" || s == "auto") return parse_indexed_devices(-1, available, name);
   if (s.find(',') == std::string_view::npos) {
     int n = 0;
     if (!parse_int(s, n))
-      throw MisconfigurationError("`devices` selected with `CUDAAccelerator` should be an int, -1, or a "
-                                  "comma-separated list of device ids such as \"1,3\"; got \"" +
-                                  std::string(spec) + "\".");
-    return parse_cuda_devices(n, available);
+      throw MisconfigurationError("`devices` selected with `" + accelerator_class(name) +
+                                  "` should be an int, -1, or a comma-separated list of device ids such as \"1,3\"; "
+                                  "got \"" + std::string(spec) + "\".");
+    return parse_indexed_devices(n, available, name);
   }
   std::vector<int> ids;
   std::size_t start = 0;
@@ -101,7 +116,32 @@ std::vector<int> parse_cuda_devices(std::string_view spec, int available) {
     }
     start = comma + 1;
   }
-  return sanitize_cuda_ids(std::move(ids), available);
+  return sanitize_ids(std::move(ids), available, name);
+}
+
+std::vector<int> parse_cuda_devices(int devices, int available) { return parse_indexed_devices(devices, available, "cuda"); }
+std::vector<int> parse_cuda_devices(std::string_view devices, int available) {
+  return parse_indexed_devices(devices, available, "cuda");
+}
+
+bool device_type_available(c10::DeviceType type) {
+  if (type == c10::kCPU) return true;
+  try {
+    return at::globalContext().getAcceleratorHooksInterface(type).isAvailable();
+  } catch (const c10::Error&) {
+    return false;  // no hooks for this device type in this build
+  }
+}
+
+int device_type_count(c10::DeviceType type) {
+  if (type == c10::kCPU) return 1;
+  if (!device_type_available(type)) return 0;
+  return static_cast<int>(at::globalContext().getAcceleratorHooksInterface(type).deviceCount());
+}
+
+void set_current_device(const c10::Device& device) {
+  if (device.is_cpu() || !device.has_index() || !c10::impl::hasDeviceGuardImpl(device.type())) return;
+  c10::impl::getDeviceGuardImpl(device.type())->setDevice(device);
 }
 
 std::string available_accelerators_text() {

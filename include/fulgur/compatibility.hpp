@@ -16,6 +16,8 @@
 #include "fulgur/concepts/strategy.hpp"
 
 // The messages, one per rule; shared by the static_asserts and by compatibility_reason().
+// (A type that is not a policy at all is reported by the member it lacks: see assert_accelerator,
+// assert_strategy and assert_precision in concepts/.)
 #define FULGUR_MSG_NOT_AN_ACCELERATOR \
   "fulgur: the first Trainer argument is not a fulgur::accelerator; docs/concepts/accelerator.md lists the members it needs."
 #define FULGUR_MSG_NOT_A_STRATEGY \
@@ -122,20 +124,27 @@ constexpr std::string_view compatibility_reason() {
   return {};
 }
 
-/// static_asserts compatibility with the rule's own message: exactly one error, not a cascade.
-/// Returns true, so `static_assert(assert_compatible<A, S, P>())` adds no second error.
+/// static_asserts compatibility with one message: exactly one error, not a cascade. A type that
+/// is not a policy is reported by the first member it lacks (concepts/*.hpp), a broken rule by the
+/// rule's own sentence. Returns true either way, so `static_assert(assert_compatible<A, S, P>())` adds no
+/// second error of its own.
 template <class A, class S, class P, class V = torch_vocabulary>
 consteval bool assert_compatible() {
   using enum detail::compatibility_rule;
   constexpr auto rule = detail::first_broken_rule<A, S, P, V>();
-  static_assert(rule != not_an_accelerator, FULGUR_MSG_NOT_AN_ACCELERATOR);
-  static_assert(rule != not_a_strategy, FULGUR_MSG_NOT_A_STRATEGY);
-  static_assert(rule != not_a_precision, FULGUR_MSG_NOT_A_PRECISION);
-  static_assert(rule != strategy_accelerator, FULGUR_MSG_STRATEGY_ACCELERATOR);
-  static_assert(rule != precision_accelerator, FULGUR_MSG_PRECISION_ACCELERATOR);
-  static_assert(rule != bf16_scaler, FULGUR_MSG_BF16_SCALER);
-  static_assert(rule != strategy_precision, FULGUR_MSG_STRATEGY_PRECISION);
-  return true;
+  if constexpr (rule == not_an_accelerator) {
+    return assert_accelerator<A, V>();
+  } else if constexpr (rule == not_a_strategy) {
+    return assert_strategy<S, V>();
+  } else if constexpr (rule == not_a_precision) {
+    return assert_precision<P, V>();
+  } else {
+    static_assert(rule != strategy_accelerator, FULGUR_MSG_STRATEGY_ACCELERATOR);
+    static_assert(rule != precision_accelerator, FULGUR_MSG_PRECISION_ACCELERATOR);
+    static_assert(rule != bf16_scaler, FULGUR_MSG_BF16_SCALER);
+    static_assert(rule != strategy_precision, FULGUR_MSG_STRATEGY_PRECISION);
+    return true;
+  }
 }
 
 }  // namespace fulgur

@@ -7,7 +7,9 @@
 #include "fulgur/compatibility.hpp"
 
 #include "fulgur/accelerators/cpu.hpp"
+#include "fulgur/accelerators/defaults.hpp"
 #include "fulgur/accelerators/cuda.hpp"
+#include "fulgur/strategies/defaults.hpp"
 #include "fulgur/strategies/single_device.hpp"
 #include "fulgur/strategies/ddp.hpp"
 #include "fulgur/precision/float.hpp"
@@ -17,6 +19,11 @@
 #include "fulgur/precision/grad_scaler.hpp"
 
 #include "fulgur/checkpoint/io.hpp"
+#include "fulgur/device_guards.hpp"
+#include "fulgur/hooks.hpp"
+#include "fulgur/optimization.hpp"
+#include "fulgur/results.hpp"
+#include "fulgur/step_context.hpp"
 #include "fulgur/data/batch.hpp"
 #include "fulgur/data/tensor_loader.hpp"
 #include "fulgur/data/torch_distributed_sampler.hpp"

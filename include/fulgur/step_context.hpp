@@ -1,77 +1,168 @@
 #pragma once
-// StepContext: what a training/validation step that asks for it receives as third argument —
-// the loop position and `log`. Logging stores a detached tensor (no host sync); values reach the
-// host once per epoch.
+// StepContext: what a step or hook that asks for it (as its last parameter) receives — where the
+// loop is, `log`, a stop request, and, under manual optimization, the optimizers and
+// manual_backward. Logging stores a detached tensor (no host sync); values reach the host at the
+// log cadence and at epoch ends.
 #include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "fulgur/errors.hpp"
+#include "fulgur/metrics.hpp"
+#include "fulgur/optimization.hpp"
+#include "fulgur/stage.hpp"
+#include "fulgur/trainer_config.hpp"
+
 namespace fulgur {
 
-struct LogOptions {
-  bool prog_bar = false;
-  bool sync_dist = false;  ///< reduce (mean) across processes when read
+class StepContext;
+
+namespace detail {
+/// The loop's side of manual optimization, reached through plain function pointers (set only
+/// when the module optimizes manually; automatic optimization never goes through them).
+struct ManualOptimizationOps {
+  void* loop = nullptr;
+  void (*backward)(void* loop, const at::Tensor& loss) = nullptr;
+  bool (*step)(void* loop, std::size_t optimizer) = nullptr;
+  at::Tensor (*clip)(void* loop, std::size_t optimizer, const ClipGradients& clip) = nullptr;
+};
+}  // namespace detail
+
+/// One of the module's optimizers under manual optimization (Lightning's LightningOptimizer):
+/// step() goes through the strategy and precision (loss scaling, skipped steps) and counts toward
+/// global_step, as every optimizer step does in Lightning.
+class ManualOptimizer {
+ public:
+  ManualOptimizer(torch::optim::Optimizer& optimizer, std::size_t index, const detail::ManualOptimizationOps& ops)
+      : optimizer_(&optimizer), index_(index), ops_(&ops) {}
+
+  /// Steps (calling on_before_optimizer_step first); false when the loss scaler skipped the step.
+  bool step() { return ops_->step(ops_->loop, index_); }
+  void zero_grad(bool set_to_none = true) { optimizer_->zero_grad(set_to_none); }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  std::size_t index() const { return index_; }
+
+ private:
+  torch::optim::Optimizer* optimizer_;
+  std::size_t index_;
+  const detail::ManualOptimizationOps* ops_;
 };
 
 class StepContext {
  public:
+  // ---- where the loop is ---------------------------------------------------------------------
   std::int64_t current_epoch = 0;
-  std::int64_t global_step = 0;
+  std::int64_t global_step = 0;  ///< optimizer steps so far (skipped ones included, as Lightning counts)
   std::int64_t batch_idx = 0;
   int global_rank = 0;
+  int world_size = 1;
+  Stage stage = Stage::fit;
+  bool sanity_checking = false;
+  /// Set it to end fit after this batch (Lightning's trainer.should_stop; min_epochs/min_steps
+  /// are still honoured).
+  bool should_stop = false;
 
-  /// Records a metric. In training the latest value counts; in validation the epoch's
-  /// batch-size-weighted mean.
-  void log(std::string_view name, const at::Tensor& value, LogOptions options = {}) {
-    Entry& e = entry(name, options);
-    const at::Tensor v = value.detach();
-    if (accumulate_) {
-      const double w = static_cast<double>(batch_size_);
-      e.sum = e.sum.defined() ? e.sum + v.to(at::kDouble) * w : v.to(at::kDouble) * w;
-      e.weight += w;
-    } else {
-      e.sum = v;
-      e.weight = 1.0;
-    }
+  // ---- logging -------------------------------------------------------------------------------
+  /// Records a metric (see LogOptions for on_step/on_epoch/reduce and their defaults per hook).
+  void log(std::string_view name, const at::Tensor& value, const LogOptions& options = {}) {
+    if (metrics_ == nullptr)
+      throw MisconfigurationError("You can't `log(\"" + std::string(name) + "\")` here: no loop is running.");
+    metrics_->log(name, value, options);
   }
-  void log(std::string_view name, double value, LogOptions options = {}) {
+  void log(std::string_view name, double value, const LogOptions& options = {}) {
     log(name, at::scalar_tensor(value, at::kDouble), options);
   }
 
-  struct Entry {
-    std::string name;
-    at::Tensor sum;
-    double weight = 0.0;
-    LogOptions options;
-  };
-  const std::vector<Entry>& entries() const { return entries_; }
-  /// The entries in name order: what every rank reduces in the same order (sync_dist).
-  std::vector<const Entry*> entries_by_name() const {
-    std::vector<const Entry*> sorted;
-    for (const auto& e : entries_) sorted.push_back(&e);
-    std::sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) { return a->name < b->name; });
-    return sorted;
+  // ---- manual optimization (automatic_optimization = false) ----------------------------------
+  /// The optimizers configure_optimizers returned, in order.
+  std::span<ManualOptimizer> optimizers() { return manual_optimizers(); }
+  ManualOptimizer& optimizer(std::size_t index = 0) {
+    auto all = manual_optimizers();
+    if (index >= all.size())
+      throw MisconfigurationError("optimizer(" + std::to_string(index) + "): configure_optimizers returned " +
+                                  std::to_string(all.size()) + " optimizer(s).");
+    return all[index];
   }
-  void reset(bool accumulate) {
-    entries_.clear();
-    accumulate_ = accumulate;
+  /// The schedulers configure_optimizers returned (one per optimizer; empty ones where none was
+  /// given). Under manual optimization you step them yourself, as in Lightning.
+  std::span<AnyLRScheduler* const> lr_schedulers() const { return schedulers_; }
+  /// Backward through the strategy and precision (loss scaling, gradient sync), with the
+  /// on_before_backward/on_after_backward hooks.
+  void manual_backward(const at::Tensor& loss) {
+    require_manual("manual_backward");
+    manual_ops_->backward(manual_ops_->loop, loss);
   }
-  void set_batch_size(std::int64_t n) { batch_size_ = n; }
+  /// Clips one optimizer's gradients (unscaling first); returns the total norm for max_norm.
+  at::Tensor clip_gradients(ManualOptimizer& optimizer, const ClipGradients& clip) {
+    require_manual("clip_gradients");
+    return manual_ops_->clip(manual_ops_->loop, optimizer.index(), clip);
+  }
+  /// Only `optimizer`'s parameters require gradients until untoggle_optimizer (Lightning's
+  /// toggle_optimizer: for alternating updates such as a GAN's generator and discriminator).
+  void toggle_optimizer(ManualOptimizer& optimizer);
+  void untoggle_optimizer(ManualOptimizer& optimizer);
+
+  // ---- set by the loops ------------------------------------------------------------------------
+  void attach(detail::MetricCollection* metrics) { metrics_ = metrics; }
+  detail::MetricCollection* metrics() const { return metrics_; }
+  /// Who runs now (a hook or step), for the logging rules.
+  void enter(std::string_view hook, detail::LogScope scope) {
+    if (metrics_ != nullptr) metrics_->enter(hook, scope);
+  }
+  void attach_manual(const detail::ManualOptimizationOps* ops, std::vector<ManualOptimizer> optimizers,
+                     std::vector<AnyLRScheduler*> schedulers) {
+    manual_ops_ = ops;
+    optimizers_ = std::move(optimizers);
+    schedulers_ = std::move(schedulers);
+  }
 
  private:
-  Entry& entry(std::string_view name, const LogOptions& options) {
-    for (auto& e : entries_)
-      if (e.name == name) return e;
-    entries_.push_back(Entry{std::string(name), {}, 0.0, options});
-    return entries_.back();
+  std::span<ManualOptimizer> manual_optimizers() {
+    require_manual("optimizers");
+    return optimizers_;
   }
-  std::vector<Entry> entries_;
-  bool accumulate_ = false;
-  std::int64_t batch_size_ = 1;
+  void require_manual(const char* what) const {
+    if (manual_ops_ == nullptr)
+      throw MisconfigurationError(std::string("StepContext::") + what +
+                                  " is for manual optimization: declare `static constexpr bool automatic_optimization "
+                                  "= false;` in your module, and fulgur leaves backward and the optimizer steps to you.");
+  }
+
+  detail::MetricCollection* metrics_ = nullptr;
+  const detail::ManualOptimizationOps* manual_ops_ = nullptr;
+  std::vector<ManualOptimizer> optimizers_;
+  std::vector<AnyLRScheduler*> schedulers_;
+  std::vector<std::pair<at::Tensor, bool>> toggled_;  // requires_grad to restore after untoggle
 };
+
+inline void StepContext::toggle_optimizer(ManualOptimizer& optimizer) {
+  // Lightning: every parameter of the other optimizers stops requiring gradients; the toggled
+  // optimizer's own parameters keep (or get back) their state.
+  toggled_.clear();
+  std::vector<const void*> own;
+  for (auto& group : optimizer.optimizer().param_groups())
+    for (auto& p : group.params()) own.push_back(p.unsafeGetTensorImpl());
+  for (auto& other : manual_optimizers()) {
+    if (other.index() == optimizer.index()) continue;
+    for (auto& group : other.optimizer().param_groups())
+      for (auto& p : group.params()) {
+        if (std::find(own.begin(), own.end(), p.unsafeGetTensorImpl()) != own.end()) continue;
+        toggled_.emplace_back(p, p.requires_grad());
+        p.requires_grad_(false);
+      }
+  }
+}
+
+inline void StepContext::untoggle_optimizer(ManualOptimizer&) {
+  for (auto& [p, requires_grad] : toggled_) p.requires_grad_(requires_grad);
+  toggled_.clear();
+}
 
 }  // namespace fulgur

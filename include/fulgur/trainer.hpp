@@ -2,10 +2,15 @@
 // fulgur::Trainer<Accelerator, Strategy, Precision>.
 //
 // Two levels, the upper built only from the lower:
-//  - Fabric level, for people who keep their own loop: setup, setup_dataloader, batch_to_device,
-//    forward_context, backward, clip_gradients, optimizer_step, collectives, print;
-//  - Trainer level: fit(module, train_data[, val_data]) (loops/fit.hpp).
-// The policies are members held by value; every hook is a direct call.
+//  - Fabric level, for people who keep their own loop: setup, setup_module, setup_optimizers,
+//    setup_dataloader, init_module, init_tensor, batch_to_device, forward_context, backward,
+//    unscale_gradients, clip_gradients, optimizer_step, no_backward_sync, the collectives, save,
+//    load, print. Each verb is one call into a policy; the optimizer step goes strategy ->
+//    precision, as in Lightning.
+//  - Trainer level: fit, validate, test, predict (loops/), which reach the policies only through
+//    the verbs above.
+// The policies are members held by value; every call is direct. A combination the rules refuse
+// gets an inert Trainer whose only effect is one static_assert naming what is wrong.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <torch/nn/module.h>
@@ -14,44 +19,58 @@
 
 #include <concepts>
 #include <iostream>
-#include <map>
 #include <memory>
-#include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "fulgur/accelerators/device_parsing.hpp"
 #include "fulgur/compatibility.hpp"
 #include "fulgur/concepts/training_module.hpp"
+#include "fulgur/data/batch.hpp"
+#include "fulgur/data/tensor_loader.hpp"
 #include "fulgur/errors.hpp"
+#include "fulgur/loops/evaluation.hpp"
+#include "fulgur/loops/fit.hpp"
+#include "fulgur/loops/prediction.hpp"
+#include "fulgur/optimization.hpp"
+#include "fulgur/parallel_devices.hpp"
 #include "fulgur/precision/guards.hpp"
+#include "fulgur/results.hpp"
+#include "fulgur/state_dict.hpp"
 #include "fulgur/step_context.hpp"
 #include "fulgur/trainer_config.hpp"
 
 namespace fulgur {
 
-/// Which gradient clipping Trainer::clip_gradients does: exactly one of clip_val and max_norm.
-struct ClipGradients {
-  std::optional<double> clip_val{};
-  std::optional<double> max_norm{};
-  double norm_type = 2.0;
-  bool error_if_nonfinite = true;
-};
+/// The options of a strategy that declares none.
+struct NoStrategyOptions {};
 
 namespace detail {
 
-/// The module behind a std::shared_ptr<M>, a TORCH_MODULE holder, or a plain reference.
-template <class M>
-decltype(auto) module_ref(M& module) {
-  if constexpr (requires { module.ptr(); *module; })  // torch::nn::ModuleHolder
-    return *module;
-  else if constexpr (requires { module.get(); *module; })  // smart pointer
-    return *module;
+template <class S>
+struct strategy_options {
+  using type = NoStrategyOptions;
+};
+template <class S>
+  requires requires { typename S::options_type; }
+struct strategy_options<S> {
+  using type = typename S::options_type;
+};
+
+/// The object behind a std::shared_ptr/unique_ptr, a TORCH_MODULE holder, or a plain reference.
+template <class T>
+decltype(auto) referent(T& object) {
+  if constexpr (requires { object.ptr(); *object; })  // torch::nn::ModuleHolder
+    return *object;
+  else if constexpr (requires { object.get(); *object; })  // smart pointer
+    return *object;
   else
-    return (module);
+    return (object);
 }
 
 /// The range behind a std::unique_ptr/shared_ptr to a loader (torch::data::make_data_loader), or the range itself.
@@ -63,26 +82,38 @@ decltype(auto) range_ref(D& data) {
     return (data);
 }
 
+/// Throws a MisconfigurationError naming the first field that cannot work and the fix.
+void validate_config(const TrainerConfig& config);
+
+inline TrainerConfig validated(TrainerConfig config) {
+  validate_config(config);
+  return config;
+}
+
+/// A value of any type, for the inert Trainer's members (never evaluated).
+struct inert {
+  template <class T>
+  operator T() const;
+};
+
 }  // namespace detail
 
 template <class A, class S, class P>
 class Trainer {
-  static_assert(assert_compatible<A, S, P>());  // a broken rule fails inside, with its own sentence
-
  public:
   using accelerator_type = A;
   using strategy_type = S;
   using precision_type = P;
+  using options_type = typename detail::strategy_options<S>::type;
 
-  explicit Trainer(TrainerConfig config = {})
-      : config_(std::move(config)),
-        strategy_(make_strategy(resolve_devices(config_))),
-        precision_(make_precision()) {
-    if (config_.num_nodes < 1)
-      throw MisconfigurationError("`num_nodes` must be >= 1, got " + std::to_string(config_.num_nodes) + ".");
+  /// Checks the config (before any policy is built), builds the policies, and sets up the
+  /// strategy's environment on this process's device (DDP: meets the other processes, or
+  /// launches them when devices x num_nodes > 1 and no launcher is around).
+  explicit Trainer(TrainerConfig config = {}, options_type options = {})
+      : config_(detail::validated(std::move(config))), strategy_(make_strategy(std::move(options))) {
     if (config_.seed) torch::manual_seed(*config_.seed);
     if (config_.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
-    strategy_.setup_environment(accelerator_);
+    strategy_.setup_environment(accelerator_, parallel_devices());
     check_dtype_supported();
   }
 
@@ -103,37 +134,61 @@ class Trainer {
     return std::string(A::name) + "/" + std::string(S::name) + "/" + std::string(P::name);
   }
 
-  // ---- Fabric level ----------------------------------------------------------------------------
+  // ---- Fabric level: set-up ----------------------------------------------------------------------
 
   /// Converts the module to the precision, moves it to the device, and lets the strategy set up
   /// the module and optimizers. Optimizers keep referring to the same parameters.
   template <class Module, class... Optimizers>
   void setup(Module& module, Optimizers&... optimizers) {
-    torch::nn::Module& m = detail::module_ref(module);
+    torch::nn::Module& m = detail::referent(module);
     precision_.convert_module(m);
     strategy_.module_to_device(m);
-    std::vector<torch::optim::Optimizer*> opts{&detail::module_ref(optimizers)...};
-    strategy_.setup_module_and_optimizers(m, opts);
+    torch::optim::Optimizer* list[] = {&detail::referent(optimizers)..., nullptr};
+    strategy_.setup_module_and_optimizers(m, std::span<torch::optim::Optimizer* const>(list, sizeof...(Optimizers)));
     module_ = &m;
   }
-  /// A context that creates modules on the root device and in the precision's dtype.
-  auto init_module(bool empty_init = false) { return strategy_.module_init_context(precision_, empty_init); }
-  auto init_tensor() { return precision_.tensor_init_context(); }
-
+  /// The module alone (its optimizers, created afterwards on the moved parameters, go to setup_optimizers).
+  template <class Module>
+  void setup_module(Module& module, ModuleSetup use = ModuleSetup::training) {
+    torch::nn::Module& m = detail::referent(module);
+    precision_.convert_module(m);
+    strategy_.module_to_device(m);
+    if (use == ModuleSetup::training) strategy_.setup_module(m);
+    module_ = &m;
+  }
+  template <class... Optimizers>
+  void setup_optimizers(Optimizers&... optimizers) {
+    (strategy_.setup_optimizer(detail::referent(optimizers)), ...);
+  }
+  /// What the strategy makes of a loader (DDP: this rank's shard of a shard-aware loader).
   template <class Loader>
   decltype(auto) setup_dataloader(Loader&& loader) {
     return strategy_.process_dataloader(std::forward<Loader>(loader));
   }
+  /// A context in which modules are created on the root device, in the precision's dtype.
+  auto init_module(bool empty_init = false) { return strategy_.module_init_context(precision_, empty_init); }
+  /// A context in which tensors are created on the root device, in the precision's dtype.
+  auto init_tensor() { return strategy_.tensor_init_context(precision_); }
+
+  // ---- Fabric level: a step --------------------------------------------------------------------
+
   template <class Batch>
-  auto batch_to_device(const Batch& batch) { return strategy_.batch_to_device(batch); }
+  auto batch_to_device(const Batch& batch) {
+    return strategy_.batch_to_device(batch);
+  }
   /// The precision's forward context (autocast, default dtype): open it around forward and loss.
   auto forward_context() { return precision_.forward_context(); }
   template <class Data>
-  auto convert_input(const Data& data) { return precision_.convert_input(data); }
+  auto convert_input(const Data& data) {
+    return precision_.convert_input(data);
+  }
   template <class Data>
-  auto convert_output(const Data& data) { return precision_.convert_output(data); }
+  auto convert_output(const Data& data) {
+    return precision_.convert_output(data);
+  }
 
-  /// Backward through the strategy and precision (scaling the loss under '16-mixed').
+  /// Backward through the strategy and precision (scaling the loss under '16-mixed', all-reducing
+  /// gradients under DDP), for the module of the last setup.
   void backward(const at::Tensor& loss) {
     if (module_ == nullptr)
       throw MisconfigurationError("Trainer::backward needs a module: call trainer.setup(module, optimizer) first.");
@@ -141,8 +196,12 @@ class Trainer {
   }
   template <class Module>
   void backward(const at::Tensor& loss, Module& module) {
-    strategy_.backward(loss, detail::module_ref(module), precision_);
+    strategy_.backward(loss, detail::referent(module), precision_);
   }
+  /// Divides the gradients by the loss scale now, so that code before the step sees true
+  /// gradients ('16-mixed'; nothing under the other precisions). clip_gradients and
+  /// optimizer_step do it themselves when it has not been done.
+  void unscale_gradients(torch::optim::Optimizer& optimizer) { precision_.unscale_gradients(optimizer); }
 
   /// Clips by value or by norm (unscaling first). Returns the total norm before clipping for
   /// max_norm, an undefined tensor for clip_val.
@@ -151,7 +210,7 @@ class Trainer {
     if (clip.clip_val && clip.max_norm)
       throw MisconfigurationError(
           "Only one of `clip_val` or `max_norm` can be set as this specifies the underlying clipping algorithm!");
-    torch::nn::Module& m = detail::module_ref(module);
+    torch::nn::Module& m = detail::referent(module);
     if (clip.clip_val) {
       strategy_.clip_gradients_value(m, optimizer, *clip.clip_val, precision_);
       return {};
@@ -162,28 +221,44 @@ class Trainer {
     throw MisconfigurationError("You have to specify either `clip_val` or `max_norm` to do gradient clipping!");
   }
 
+  /// Steps the optimizer through the strategy and the precision; false when the step was skipped
+  /// (inf/NaN gradients under a loss scaler).
+  bool optimizer_step(torch::optim::Optimizer& optimizer) { return strategy_.optimizer_step(optimizer, precision_); }
+
   /// While the returned guard lives, backward accumulates gradients without communicating
   /// (gradient accumulation micro-batches under DDP; nothing to skip on a single device).
+  template <class Module>
+  auto no_backward_sync(Module& module, bool enabled = true) {
+    return strategy_.no_backward_sync(detail::referent(module), enabled);
+  }
+  /// The same for the module of the last setup.
   auto no_backward_sync(bool enabled = true) {
-    if constexpr (requires { strategy_.no_backward_sync(enabled); })
-      return strategy_.no_backward_sync(enabled);
-    else
-      return NullContext{};
+    if (module_ == nullptr)
+      throw MisconfigurationError("Trainer::no_backward_sync needs a module: call trainer.setup(module, ...) first.");
+    return strategy_.no_backward_sync(*module_, enabled);
   }
 
-  /// Steps the optimizer through the precision; false when the step was skipped (inf/NaN gradients).
-  bool optimizer_step(torch::optim::Optimizer& optimizer) { return precision_.optimizer_step(optimizer); }
+  // ---- Fabric level: processes -------------------------------------------------------------------
 
   at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::mean) { return strategy_.all_reduce(tensor, op); }
   at::Tensor all_gather(const at::Tensor& tensor) { return strategy_.all_gather(tensor); }
   template <class T>
-  T broadcast(T value, int src = 0) { return strategy_.broadcast(std::move(value), src); }
+  T broadcast(T value, int src = 0) {
+    return strategy_.broadcast(std::move(value), src);
+  }
   void barrier(std::string_view name = {}) { strategy_.barrier(name); }
+  /// all: every rank decided true; otherwise: any rank did.
+  bool reduce_boolean_decision(bool decision, bool all = true) { return strategy_.reduce_boolean_decision(decision, all); }
   bool is_global_zero() const { return strategy_.is_global_zero(); }
   int global_rank() const { return strategy_.global_rank(); }
   int local_rank() const { return strategy_.local_rank(); }
   int world_size() const { return strategy_.world_size(); }
   c10::Device device() const { return strategy_.root_device(); }
+
+  /// Writes a checkpoint (global rank 0 only under DDP, atomically); a relative path is taken
+  /// under TrainerConfig::default_root_dir.
+  void save(const std::string& path, const StateDict& state) { strategy_.save_checkpoint(resolve(path), state); }
+  StateDict load(const std::string& path) { return strategy_.load_checkpoint(resolve(path)); }
 
   /// Prints one line on global rank 0 only.
   template <class... Args>
@@ -194,51 +269,110 @@ class Trainer {
     std::cout << line.str() << std::endl;
   }
 
-  // ---- Trainer level ---------------------------------------------------------------------------
+  // ---- Trainer level -------------------------------------------------------------------------------
 
   /// Trains `module` (a std::shared_ptr<M>, a TORCH_MODULE holder, or M&) on `train_data` (any range
-  /// of batches: fulgur::data::TensorLoader, std::vector<Batch>, a torch::data loader...),
-  /// validating on `val_data` after each epoch (every check_val_every_n_epoch).
+  /// of batches: fulgur::data::TensorLoader, std::vector<Batch>, a torch::data loader...; a
+  /// temporary is fine), validating on `val_data` as val_check_interval says.
   template <class Module, class TrainData>
-  FitResult fit(Module& module, TrainData& train_data);
+  FitResult fit(Module&& module, TrainData&& train_data) {
+    loops::NoData none;
+    return run_fit(detail::referent(module), detail::range_ref(train_data), none);
+  }
   template <class Module, class TrainData, class ValData>
-  FitResult fit(Module& module, TrainData& train_data, ValData& val_data);
-
-  /// Runs validation_step over `val_data` once; returns the batch-size-weighted mean loss.
-  template <class Module, class ValData>
-  double validate(Module& module, ValData& val_data);
+  FitResult fit(Module&& module, TrainData&& train_data, ValData&& val_data) {
+    return run_fit(detail::referent(module), detail::range_ref(train_data), detail::range_ref(val_data));
+  }
+  /// validation_step over the data once (a fresh module is set up first, as fit does).
+  template <class Module, class Data>
+  EvaluationResult validate(Module&& module, Data&& data) {
+    return run_evaluation<loops::Validation>(detail::referent(module), detail::range_ref(data));
+  }
+  /// test_step over the data once.
+  template <class Module, class Data>
+  EvaluationResult test(Module&& module, Data&& data) {
+    return run_evaluation<loops::Test>(detail::referent(module), detail::range_ref(data));
+  }
+  /// predict_step over the data: the predictions, on the CPU, in the order of the batches.
+  template <class Module, class Data>
+  auto predict(Module&& module, Data&& data) {
+    auto& m = detail::referent(module);
+    auto& d = detail::range_ref(data);
+    using M = std::remove_cvref_t<decltype(m)>;
+    static_assert(has_predict_step<M, loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(d))>>>,
+                  "fulgur: predict needs a predict_step(batch, batch_idx) returning the prediction; add one to the "
+                  "module (docs/loops-and-hooks.md).");
+    return loops::predict(*this, m, d);
+  }
 
  private:
-  template <class Module, class TrainData, class ValData>
-  FitResult run_fit(Module& module, TrainData& train_data, ValData* val_data);
-  template <class Module, class ValData>
-  double validation_loop(Module& module, ValData& val_data, std::int64_t epoch, std::int64_t global_step,
-                         std::map<std::string, double>& metrics);
-
-  static std::vector<c10::Device> resolve_devices(const TrainerConfig& config) {
-    if (!A::is_available())
-      throw AcceleratorError("`" + std::string(A::name) +
-                             "` can not run on your system since the accelerator is not available. The following "
-                             "accelerator(s) is available and can be passed into the Trainer: " +
-                             detail::available_accelerators_text() + ". Pick one of them (e.g. fulgur::CPUAccelerator), "
-                             "or run on a machine where '" + std::string(A::name) + "' is available.");
-    const std::vector<int> ids =
-        std::visit([](const auto& devices) { return A::parse_devices(devices); }, config.devices);
-    return A::get_parallel_devices(ids);
-  }
-  S make_strategy(const std::vector<c10::Device>& devices) const {
-    if constexpr (std::constructible_from<S, const std::vector<c10::Device>&, const TrainerConfig&>)
-      return S(devices, config_);
-    else if constexpr (std::constructible_from<S, const std::vector<c10::Device>&>)
-      return S(devices);
+  template <class M, class TrainData, class ValData>
+  FitResult run_fit(M& module, TrainData& train_data, ValData& val_data) {
+    using Module = std::remove_cvref_t<M>;
+    using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(train_data))>>;
+    constexpr bool trainable = training_module<Module, Batch>;
+    static_assert(trainable,
+                  "fulgur: the module must derive from torch::nn::Module and define "
+                  "training_step(const Batch&, int64_t batch_idx) returning the loss (or a struct with `loss`) for "
+                  "the batches of train_data, and configure_optimizers() returning a std::unique_ptr<Optimizer> or "
+                  "fulgur::OptimizerConfig; see docs/concepts/training_module.md.");
+    static_assert(!detail::declares_automatic_optimization<Module> ||
+                      detail::declares_constant_automatic_optimization<Module>,
+                  "fulgur: declare automatic_optimization as `static constexpr bool automatic_optimization = false;` "
+                  "(fulgur picks the optimization loop at compile time).");
+    constexpr bool validates = [] {
+      if constexpr (std::is_same_v<ValData, loops::NoData>)
+        return true;
+      else
+        return has_validation_step<Module, loops::batch_of_t<std::remove_reference_t<
+                                               decltype(std::declval<Trainer&>().setup_dataloader(std::declval<ValData&>()))>>>;
+    }();
+    static_assert(validates, "fulgur: validation data was given but the module has no validation_step(batch, "
+                             "batch_idx); add one, or call fit without validation data.");
+    if constexpr (trainable && validates)
+      return loops::FitLoop<Trainer, Module, TrainData, ValData>(*this, module, train_data, val_data).run();
     else
+      return {};
+  }
+
+  template <class Kind, class M, class Data>
+  EvaluationResult run_evaluation(M& module, Data& data) {
+    using Module = std::remove_cvref_t<M>;
+    using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(data))>>;
+    constexpr bool has_step = Kind::template defined_for<Module, Batch>;
+    static_assert(has_step, "fulgur: validate/test need a validation_step/test_step(batch, batch_idx) in the module "
+                            "for the batches of the data; add it (docs/loops-and-hooks.md).");
+    if constexpr (has_step)
+      return loops::evaluate<Kind>(*this, module, data);
+    else
+      return {};
+  }
+
+  S make_strategy(options_type&& options) {
+    if constexpr (std::is_same_v<options_type, NoStrategyOptions>) {
       return S{};
+    } else {
+      static_assert(std::constructible_from<S, options_type>,
+                    "fulgur: the strategy declares options_type but cannot be built from it; a strategy derived "
+                    "from a shipped one gets its constructor with `using Base::Base;`.");
+      return S(std::move(options));
+    }
   }
   static P make_precision() {
     if constexpr (std::constructible_from<P, c10::DeviceType>)
       return P(A::device_type);
     else
       return P{};
+  }
+  ParallelDevices parallel_devices() const {
+    if (!A::is_available())
+      throw AcceleratorError("`" + std::string(A::name) +
+                             "` can not run on your system since the accelerator is not available. The following "
+                             "accelerator(s) is available and can be passed into the Trainer: " +
+                             detail::available_accelerators_text() + ". Pick one of them (e.g. fulgur::CPUAccelerator), "
+                             "or run on a machine where '" + std::string(A::name) + "' is available.");
+    const std::vector<int> ids = std::visit([](const auto& devices) { return A::parse_devices(devices); }, config_.devices);
+    return ParallelDevices{A::get_parallel_devices(ids), config_.num_nodes};
   }
   void check_dtype_supported() {
     if constexpr (requires { P::dtype; A::supports_dtype(strategy_.root_device(), P::dtype); }) {
@@ -249,14 +383,73 @@ class Trainer {
                                "(FP16MixedPrecision) or '32-true' instead.");
     }
   }
+  std::string resolve(const std::string& path) const {
+    if (path.empty() || path.front() == '/' || config_.default_root_dir == ".") return path;
+    return config_.default_root_dir + "/" + path;
+  }
 
   TrainerConfig config_;
   A accelerator_{};
   S strategy_;
-  P precision_;
-  torch::nn::Module* module_ = nullptr;  // the module of the last setup(), for backward(loss)
+  P precision_ = make_precision();
+  torch::nn::Module* module_ = nullptr;  // the module of the last setup, for backward(loss)
+};
+
+/// A combination the rules refuse: one static_assert names the member a policy lacks, or the broken
+/// rule. Every member accepts anything, so the code that uses the Trainer adds no error of its own.
+template <class A, class S, class P>
+  requires(!compatible<A, S, P>)
+class Trainer<A, S, P> {
+  static_assert(assert_compatible<A, S, P>());
+
+ public:
+  using accelerator_type = A;
+  using strategy_type = S;
+  using precision_type = P;
+  explicit Trainer(TrainerConfig = {}, typename detail::strategy_options<S>::type = {}) {}
+  template <class... T> FitResult fit(T&&...) { return {}; }
+  template <class... T> EvaluationResult validate(T&&...) { return {}; }
+  template <class... T> EvaluationResult test(T&&...) { return {}; }
+  template <class... T> detail::inert predict(T&&...) { return {}; }
+#define FULGUR_DETAIL_INERT(verb) \
+  template <class... T>           \
+  detail::inert verb(T&&...) {    \
+    return {};                    \
+  }
+  FULGUR_DETAIL_INERT(setup)
+  FULGUR_DETAIL_INERT(setup_module)
+  FULGUR_DETAIL_INERT(setup_optimizers)
+  FULGUR_DETAIL_INERT(setup_dataloader)
+  FULGUR_DETAIL_INERT(init_module)
+  FULGUR_DETAIL_INERT(init_tensor)
+  FULGUR_DETAIL_INERT(batch_to_device)
+  FULGUR_DETAIL_INERT(forward_context)
+  FULGUR_DETAIL_INERT(convert_input)
+  FULGUR_DETAIL_INERT(convert_output)
+  FULGUR_DETAIL_INERT(backward)
+  FULGUR_DETAIL_INERT(unscale_gradients)
+  FULGUR_DETAIL_INERT(clip_gradients)
+  FULGUR_DETAIL_INERT(optimizer_step)
+  FULGUR_DETAIL_INERT(no_backward_sync)
+  FULGUR_DETAIL_INERT(all_reduce)
+  FULGUR_DETAIL_INERT(all_gather)
+  FULGUR_DETAIL_INERT(broadcast)
+  FULGUR_DETAIL_INERT(barrier)
+  FULGUR_DETAIL_INERT(reduce_boolean_decision)
+  FULGUR_DETAIL_INERT(is_global_zero)
+  FULGUR_DETAIL_INERT(global_rank)
+  FULGUR_DETAIL_INERT(local_rank)
+  FULGUR_DETAIL_INERT(world_size)
+  FULGUR_DETAIL_INERT(device)
+  FULGUR_DETAIL_INERT(save)
+  FULGUR_DETAIL_INERT(load)
+  FULGUR_DETAIL_INERT(print)
+  FULGUR_DETAIL_INERT(accelerator)
+  FULGUR_DETAIL_INERT(strategy)
+  FULGUR_DETAIL_INERT(precision)
+  FULGUR_DETAIL_INERT(config)
+#undef FULGUR_DETAIL_INERT
+  static std::string combination_name() { return {}; }
 };
 
 }  // namespace fulgur
-
-#include "fulgur/loops/fit.hpp"

@@ -1,81 +1,99 @@
 #pragma once
-// TrainerConfig (what Lightning's Trainer(...) takes), OptimizerConfig (what
-// configure_optimizers may return) and FitResult (what fit returns).
-#include <torch/optim/optimizer.h>
-#include <torch/optim/schedulers/lr_scheduler.h>
-
+// TrainerConfig: what Lightning's Trainer(...) takes, as a plain aggregate checked when the
+// Trainer is built (detail::validate_config names the field and the fix). A strategy's own
+// options are its own type (e.g. DDPStrategy::options_type), given to the Trainer next to this.
 #include <chrono>
-#include <cstddef>
+#include <concepts>
 #include <cstdint>
-#include <map>
-#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
-#include <vector>
 
 namespace fulgur {
 
 enum class GradientClipAlgorithm { norm, value };
 
-/// When fit checks that the loss is finite under precisions without a loss scaler.
+/// When fit checks that the loss is finite (under every precision; a loss scaler's skipped steps
+/// are counted separately, see TrainerConfig::max_consecutive_skipped_steps).
 enum class FiniteLossCheck {
-  at_log_steps,  ///< when the loss is read anyway (every log_every_n_steps and each epoch's last batch): no extra sync
+  at_log_steps,  ///< when the loss is read anyway (log steps, an epoch's and the run's last batch): no extra sync
   every_step,    ///< every step: stops at the first bad batch, at one host sync per step
   off,
 };
 
-/// DDPStrategy's options (Lightning: DDPStrategy(find_unused_parameters=..., timeout=...)).
-struct DDPOptions {
-  bool find_unused_parameters = false;  ///< off: a parameter without gradient is an error naming it
-  std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< the first gradient bucket, sent early
-  std::size_t bucket_bytes = std::size_t{25} << 20;
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< every collective and the rendezvous
+/// A number of batches or a fraction of them, as Lightning's limit_*_batches and
+/// val_check_interval take them: an integer is a count (10), a floating-point number a fraction
+/// of the loader's length (0.25; 1.0 is all of it).
+class BatchAmount {
+ public:
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  constexpr BatchAmount(I count) : count_(static_cast<std::int64_t>(count)) {}
+  template <std::floating_point F>
+  constexpr BatchAmount(F fraction) : fraction_(static_cast<double>(fraction)) {}
+
+  constexpr bool is_fraction() const { return fraction_.has_value(); }
+  constexpr std::int64_t count() const { return count_; }
+  constexpr double fraction() const { return fraction_.value_or(0.0); }
+  /// No batches: 0 or 0.0 (Lightning's way to turn a stage off).
+  constexpr bool is_zero() const { return fraction_ ? *fraction_ == 0.0 : count_ == 0; }
+  /// All batches: the fraction 1.0.
+  constexpr bool is_all() const { return fraction_ && *fraction_ == 1.0; }
+  /// Lightning's rule for a loader of `length` batches: min(length, count), or int(length * fraction).
+  constexpr std::int64_t of(std::int64_t length) const {
+    if (fraction_) return static_cast<std::int64_t>(static_cast<double>(length) * *fraction_);
+    return count_ < length ? count_ : length;
+  }
+
+ private:
+  std::int64_t count_ = 0;
+  std::optional<double> fraction_{};
 };
 
 struct TrainerConfig {
-  std::optional<std::int64_t> max_epochs{};  ///< unset with max_steps = -1: 1000, as in Lightning
-  std::int64_t max_steps = -1;             ///< -1: no limit
+  // ---- how long --------------------------------------------------------------------------------
+  std::optional<std::int64_t> max_epochs{};  ///< unset with max_steps = -1: 1000, as in Lightning; -1: no limit
+  std::int64_t min_epochs = 0;               ///< a stop request (should_stop) waits until this many epochs ran
+  std::int64_t max_steps = -1;               ///< optimizer steps; -1: no limit
+  std::int64_t min_steps = 0;                ///< a stop request waits until this many steps ran
+  std::optional<std::chrono::duration<double>> max_time{};  ///< wall time of fit; checked after each batch
+  // ---- the optimization ----------------------------------------------------------------------
   std::int64_t accumulate_grad_batches = 1;
   std::optional<double> gradient_clip_val{};  ///< unset or 0: no clipping
   GradientClipAlgorithm gradient_clip_algorithm = GradientClipAlgorithm::norm;
   std::optional<std::uint64_t> seed{};  ///< seeds torch's generators when the Trainer is built
-  bool deterministic = false;         ///< torch deterministic algorithms on
+  bool deterministic = false;           ///< torch deterministic algorithms on
+  // ---- where -----------------------------------------------------------------------------------
   std::variant<int, std::string> devices = 1;
   int num_nodes = 1;
-  std::int64_t check_val_every_n_epoch = 1;
-  std::optional<std::int64_t> limit_train_batches{};  ///< batches per epoch at most
-  std::optional<std::int64_t> limit_val_batches{};
-  std::int64_t log_every_n_steps = 50;
+  // ---- validation and data ---------------------------------------------------------------------
+  BatchAmount val_check_interval = 1.0;  ///< validate every N training batches, or every fraction of an epoch
+  std::optional<std::int64_t> check_val_every_n_epoch = 1;  ///< unset: val_check_interval counts batches across epochs
+  std::int64_t num_sanity_val_steps = 2;  ///< validation batches run before training; -1: all of them
+  BatchAmount limit_train_batches = 1.0;
+  BatchAmount limit_val_batches = 1.0;
+  BatchAmount limit_test_batches = 1.0;
+  BatchAmount limit_predict_batches = 1.0;
+  // ---- reporting and checks ----------------------------------------------------------------------
+  std::int64_t log_every_n_steps = 50;  ///< step metrics reach the host (and logged_metrics) this often
   FiniteLossCheck finite_loss_check = FiniteLossCheck::at_log_steps;
-  std::string default_root_dir = ".";
-  bool enable_progress_bar = true;  ///< one line per epoch on global rank 0
-  DDPOptions ddp{};                 ///< used by DDPStrategy
+  /// A loss scaler ('16-mixed') that skipped this many optimizer steps in a row (inf/NaN gradients
+  /// every time) ends the run with an error naming the step; 0: never.
+  std::int64_t max_consecutive_skipped_steps = 25;
+  std::string default_root_dir = ".";  ///< where relative paths of Trainer::save/load resolve
+  bool enable_progress_bar = true;     ///< one line per epoch on global rank 0
 };
 
-enum class SchedulerInterval { epoch, step };
+/// Whether Trainer::setup_module also lets the strategy prepare the module for training (DDP:
+/// broadcast rank 0's weights, install the gradient hooks), or only converts and moves it.
+enum class ModuleSetup { training, evaluation };
 
-/// What configure_optimizers may return instead of a bare optimizer.
-struct OptimizerConfig {
-  std::unique_ptr<torch::optim::Optimizer> optimizer{};
-  std::unique_ptr<torch::optim::LRScheduler> lr_scheduler{};  ///< optional
-  SchedulerInterval interval = SchedulerInterval::epoch;
-  std::int64_t frequency = 1;
-};
-
-struct EpochSummary {
-  std::int64_t epoch = 0;
-  std::int64_t global_step = 0;             ///< after the epoch
-  double train_loss = 0.0;                  ///< the epoch's last step's loss (unscaled, per micro-batch)
-  std::optional<double> val_loss{};           ///< batch-size-weighted mean over the validation data
-  std::int64_t skipped_optimizer_steps = 0; ///< steps a loss scaler skipped on inf/NaN gradients
-};
-
-struct FitResult {
-  std::vector<EpochSummary> epochs{};
-  std::int64_t global_step = 0;  ///< optimizer steps taken or skipped, as Lightning counts them
-  std::int64_t skipped_optimizer_steps = 0;
-  std::map<std::string, double> metrics{};  ///< last values of logged metrics (ctx.log), train_loss, val_loss
+/// Which gradient clipping Trainer::clip_gradients does: exactly one of clip_val and max_norm.
+struct ClipGradients {
+  std::optional<double> clip_val{};
+  std::optional<double> max_norm{};
+  double norm_type = 2.0;
+  bool error_if_nonfinite = true;
 };
 
 }  // namespace fulgur

@@ -90,7 +90,16 @@ std::string describe_status(int status) {
 }
 }  // namespace
 
-void launch_local_workers(const LaunchPlan& plan) {
+namespace {
+
+/// Where this node's workers meet: its rank among the nodes and the master's address and port.
+struct Rendezvous {
+  int node_rank = 0;
+  std::string address;
+  std::string port;
+};
+
+Rendezvous rendezvous_for(const LaunchPlan& plan) {
   const char* node_rank_text = std::getenv("NODE_RANK");
   const char* master_addr = std::getenv("MASTER_ADDR");
   const char* master_port = std::getenv("MASTER_PORT");
@@ -98,45 +107,46 @@ void launch_local_workers(const LaunchPlan& plan) {
     throw MisconfigurationError("fulgur launcher: num_nodes=" + std::to_string(plan.num_nodes) +
                                 " needs NODE_RANK, MASTER_ADDR and MASTER_PORT set on every node (or start the "
                                 "program with torchrun / srun).");
-  const int node_rank = node_rank_text ? std::atoi(node_rank_text) : 0;
-  const std::string address = master_addr ? master_addr : "127.0.0.1";
-  const std::string port = master_port ? master_port : std::to_string(free_port());
-  const int world = plan.processes_per_node * plan.num_nodes;
+  return {node_rank_text ? std::atoi(node_rank_text) : 0, master_addr ? master_addr : "127.0.0.1",
+          master_port ? master_port : std::to_string(free_port())};
+}
 
-  // Everything the children need is built before fork: between fork and exec only exec runs.
-  const std::vector<std::string> args = own_command_line();
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
+/// Each worker's environment: ours without stale launch variables, plus torchrun's for its rank.
+std::vector<std::vector<std::string>> worker_environments(const LaunchPlan& plan, const Rendezvous& meeting) {
+  const int world = plan.processes_per_node * plan.num_nodes;
   std::vector<std::vector<std::string>> environments(static_cast<std::size_t>(plan.processes_per_node));
-  std::vector<std::vector<char*>> envps(environments.size());
   for (int local = 0; local < plan.processes_per_node; ++local) {
     auto& env = environments[static_cast<std::size_t>(local)];
     for (char** e = environ; *e; ++e)
       if (!is_launch_variable(*e)) env.emplace_back(*e);  // stale values would shadow the new ones
-    const int rank = node_rank * plan.processes_per_node + local;
+    const int rank = meeting.node_rank * plan.processes_per_node + local;
     for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
              {"RANK", std::to_string(rank)},
              {"LOCAL_RANK", std::to_string(local)},
              {"WORLD_SIZE", std::to_string(world)},
              {"LOCAL_WORLD_SIZE", std::to_string(plan.processes_per_node)},
-             {"GROUP_RANK", std::to_string(node_rank)},
-             {"MASTER_ADDR", address},
-             {"MASTER_PORT", port}})
+             {"GROUP_RANK", std::to_string(meeting.node_rank)},
+             {"MASTER_ADDR", meeting.address},
+             {"MASTER_PORT", meeting.port}})
       env.push_back(k + "=" + v);
-    for (auto& s : env) envps[static_cast<std::size_t>(local)].push_back(s.data());
-    envps[static_cast<std::size_t>(local)].push_back(nullptr);
   }
+  return environments;
+}
 
-  std::fprintf(stderr, "fulgur launcher: starting %d processes on node %d (ranks %d-%d of %d, master %s:%s)\n",
-               plan.processes_per_node, node_rank, node_rank * plan.processes_per_node,
-               (node_rank + 1) * plan.processes_per_node - 1, world, address.c_str(), port.c_str());
-  std::fflush(stderr);
-  std::fflush(stdout);
-  if (plan.processes_per_node > kMaxWorkers)
-    throw MisconfigurationError("fulgur launcher: at most " + std::to_string(kMaxWorkers) + " processes per node.");
-  // The four signals wait while the workers are forked (none is lost, none orphans a worker), and
-  // each worker dies with the supervisor (PR_SET_PDEATHSIG), whatever ends it.
+/// Forks one worker per local rank, each re-executing this program. Everything the children need
+/// is built before: between fork and exec only exec runs. The four forwarded signals wait while
+/// the workers are forked (none is lost, none orphans a worker), and each worker dies with the
+/// supervisor (PR_SET_PDEATHSIG), whatever ends it.
+void fork_workers(const LaunchPlan& plan, std::vector<std::vector<std::string>>& environments) {
+  const std::vector<std::string> args = own_command_line();
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::vector<char*>> envps(environments.size());
+  for (std::size_t i = 0; i < environments.size(); ++i) {
+    for (auto& entry : environments[i]) envps[i].push_back(entry.data());
+    envps[i].push_back(nullptr);
+  }
   sigset_t forwarded, previous;
   sigemptyset(&forwarded);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&forwarded, sig);
@@ -164,11 +174,20 @@ void launch_local_workers(const LaunchPlan& plan) {
     worker_count.store(local + 1);
   }
   ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+}
 
-  // A failed worker's peers get a grace period to notice and report it themselves (their lost-rank
-  // probe takes ~2.5 s), then SIGTERM, then SIGKILL.
+/// The first worker that failed: its global rank and wait status.
+struct Failure {
+  int rank = -1;
+  int status = 0;
+};
+
+/// Waits for every worker. A failed worker's peers get a grace period to notice and report it
+/// themselves (their lost-rank probe takes ~2.5 s), then SIGTERM, then SIGKILL.
+Failure supervise(const LaunchPlan& plan, int node_rank) {
   using clock = std::chrono::steady_clock;
-  int running = plan.processes_per_node, first_failed = -1, first_status = 0;
+  Failure failure;
+  int running = plan.processes_per_node;
   auto terminate_at = clock::time_point::max(), kill_at = clock::time_point::max();
   while (running > 0) {
     bool reaped = false;
@@ -177,25 +196,21 @@ void launch_local_workers(const LaunchPlan& plan) {
       if (pid <= 0) continue;
       int status = 0;
       const pid_t done = ::waitpid(pid, &status, WNOHANG);
-      if (done == 0) continue;
-      if (done < 0 && errno == EINTR) continue;
+      if (done == 0 || (done < 0 && errno == EINTR)) continue;
       reaped = true;
       workers[local].store(-1);
       --running;
       if (done < 0) status = -1;  // not ours to reap any more: count it as failed
       const bool failed = !(done > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && first_failed < 0 && forwarded_signal.load() == 0) {
-        first_failed = node_rank * plan.processes_per_node + local;
-        first_status = status;
-        if (running > 0) {
-          std::fprintf(stderr, "fulgur launcher: rank %d (pid %d) failed with %s; stopping the other ranks.\n",
-                       first_failed, pid, describe_status(status).c_str());
-          terminate_at = clock::now() + std::chrono::seconds(5);
-          kill_at = terminate_at + std::chrono::seconds(10);
-        }
+      if (!failed || failure.rank >= 0 || forwarded_signal.load() != 0) continue;
+      failure = {node_rank * plan.processes_per_node + local, status};
+      if (running > 0) {
+        std::fprintf(stderr, "fulgur launcher: rank %d (pid %d) failed with %s; stopping the other ranks.\n",
+                     failure.rank, pid, describe_status(status).c_str());
+        terminate_at = clock::now() + std::chrono::seconds(5);
+        kill_at = terminate_at + std::chrono::seconds(10);
       }
     }
-    if (running == 0) break;
     const auto now = clock::now();
     if (now > kill_at) {
       signal_workers(SIGKILL);
@@ -204,11 +219,30 @@ void launch_local_workers(const LaunchPlan& plan) {
       signal_workers(SIGTERM);
       terminate_at = clock::time_point::max();
     }
-    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (running > 0 && !reaped) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (first_failed >= 0) {
-    std::fprintf(stderr, "fulgur launcher: the run failed: rank %d ended with %s.\n", first_failed,
-                 describe_status(first_status).c_str());
+  return failure;
+}
+
+}  // namespace
+
+void launch_local_workers(const LaunchPlan& plan) {
+  if (plan.processes_per_node > kMaxWorkers)
+    throw MisconfigurationError("fulgur launcher: at most " + std::to_string(kMaxWorkers) + " processes per node.");
+  const Rendezvous meeting = rendezvous_for(plan);
+  auto environments = worker_environments(plan, meeting);
+  const int world = plan.processes_per_node * plan.num_nodes;
+  std::fprintf(stderr, "fulgur launcher: starting %d processes on node %d (ranks %d-%d of %d, master %s:%s)\n",
+               plan.processes_per_node, meeting.node_rank, meeting.node_rank * plan.processes_per_node,
+               (meeting.node_rank + 1) * plan.processes_per_node - 1, world, meeting.address.c_str(),
+               meeting.port.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  fork_workers(plan, environments);
+  const Failure failure = supervise(plan, meeting.node_rank);
+  if (failure.rank >= 0) {
+    std::fprintf(stderr, "fulgur launcher: the run failed: rank %d ended with %s.\n", failure.rank,
+                 describe_status(failure.status).c_str());
     std::exit(1);
   }
   if (const int signal = forwarded_signal.load()) {

@@ -157,7 +157,7 @@ void GradientReducer::finalize_backward() {
       throw DistributedError("fulgur: DDP: the parameter(s) " + names + " got no gradient in this backward on rank " +
                              std::to_string(s.group->rank()) +
                              ", so their all-reduce cannot complete. Make every parameter take part in the loss, or "
-                             "set TrainerConfig::ddp.find_unused_parameters = true.");
+                             "set DDPOptions::find_unused_parameters = true (Trainer(config, {.find_unused_parameters = true})).");
     }
     if (s.options.find_unused_parameters) s.used.copy_(at::tensor(used, at::TensorOptions().dtype(at::kInt)));
     s.launch_ready();

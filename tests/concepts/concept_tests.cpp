@@ -49,6 +49,9 @@ struct NotMovable : Accelerator {
   NotMovable() = default;
   NotMovable(NotMovable&&) = delete;
 };
+struct NotDefaultConstructible : Accelerator {  // the Trainer default-constructs its accelerator
+  explicit NotDefaultConstructible(int) {}
+};
 }  // namespace accelerators
 
 TEST_CASE("accelerator: the stub satisfies the contract, each near miss does not", "[concepts][accelerator]") {
@@ -62,9 +65,16 @@ TEST_CASE("accelerator: the stub satisfies the contract, each near miss does not
   STATIC_REQUIRE_FALSE(fulgur::accelerator_for<accelerators::AvailabilityNotStatic, V>);
   STATIC_REQUIRE_FALSE(fulgur::accelerator_for<accelerators::SetupTakesInt, V>);
   STATIC_REQUIRE_FALSE(fulgur::accelerator_for<accelerators::NotMovable, V>);
-  // The fragments name what is missing.
-  STATIC_REQUIRE(fulgur::accelerator_discovery_for<accelerators::NoTeardown, V>);
-  STATIC_REQUIRE_FALSE(fulgur::accelerator_lifecycle_for<accelerators::NoTeardown, V>);
+  STATIC_REQUIRE_FALSE(fulgur::accelerator_for<accelerators::NotDefaultConstructible, V>);
+  // The diagnosis names the first member missing.
+  using enum fulgur::detail::accelerator_requirement;
+  STATIC_REQUIRE(fulgur::detail::first_missing_accelerator_requirement<Accelerator, V>() == none);
+  STATIC_REQUIRE(fulgur::detail::first_missing_accelerator_requirement<accelerators::NoTeardown, V>() ==
+                 accelerator_has_teardown);
+  STATIC_REQUIRE(fulgur::detail::first_missing_accelerator_requirement<accelerators::NoStringParse, V>() ==
+                 accelerator_has_parse_devices);
+  STATIC_REQUIRE(fulgur::detail::first_missing_accelerator_requirement<accelerators::NotDefaultConstructible, V>() ==
+                 accelerator_is_value_type);
 }
 
 namespace precisions {
@@ -78,6 +88,7 @@ struct NoConvertOutput {
   Guard tensor_init_context() { return {}; }
   Guard forward_context() { return {}; }
   Tensor convert_input(const Tensor& t) { return t; }
+  Batch convert_input(const Batch& b) { return b; }
   void pre_backward(const Tensor&, Module&) {}
   void backward(const Tensor&, Module&) {}
   void post_backward(const Tensor&, Module&) {}
@@ -103,6 +114,10 @@ struct NoName : Precision {
   static constexpr std::string_view label = "x";
   static constexpr int name = 0;
 };
+struct ConvertsTensorsOnly : Precision {  // the loops convert a whole batch too
+  Batch convert_input(const Batch&) = delete;
+  using Precision::convert_input;
+};
 }  // namespace precisions
 
 TEST_CASE("precision: the stub satisfies the contract, each near miss does not", "[concepts][precision]") {
@@ -114,10 +129,19 @@ TEST_CASE("precision: the stub satisfies the contract, each near miss does not",
   STATIC_REQUIRE_FALSE(fulgur::precision_for<precisions::MainParamsNotRange, V>);
   STATIC_REQUIRE_FALSE(fulgur::precision_for<precisions::BackwardWithoutModule, V>);
   STATIC_REQUIRE_FALSE(fulgur::precision_for<precisions::NoName, V>);
+  STATIC_REQUIRE_FALSE(fulgur::precision_for<precisions::ConvertsTensorsOnly, V>);
   STATIC_REQUIRE_FALSE(fulgur::precision_for<Accelerator, V>);
-  STATIC_REQUIRE(fulgur::precision_optimizer_hooks_for<precisions::NoConvertOutput, V>);
-  STATIC_REQUIRE_FALSE(fulgur::precision_forward_hooks_for<precisions::NoConvertOutput, V>);
-  STATIC_REQUIRE_FALSE(fulgur::precision_optimizer_hooks_for<precisions::StepReturnsVoid, V>);
+  // Each member is its own requirement, and the diagnosis names the first one missing.
+  STATIC_REQUIRE(fulgur::precision_has_optimizer_step<precisions::NoConvertOutput, V>);
+  STATIC_REQUIRE_FALSE(fulgur::precision_has_convert_output<precisions::NoConvertOutput, V>);
+  STATIC_REQUIRE_FALSE(fulgur::precision_has_optimizer_step<precisions::StepReturnsVoid, V>);
+  using enum fulgur::detail::precision_requirement;
+  STATIC_REQUIRE(fulgur::detail::first_missing_precision_requirement<Precision, V>() == none);
+  STATIC_REQUIRE(fulgur::detail::first_missing_precision_requirement<precisions::NoConvertOutput, V>() ==
+                 precision_has_convert_output);
+  STATIC_REQUIRE(fulgur::detail::first_missing_precision_requirement<precisions::ConvertsTensorsOnly, V>() ==
+                 precision_has_convert_input);
+  STATIC_REQUIRE(fulgur::detail::first_missing_precision_requirement<precisions::NoName, V>() == precision_has_name);
 }
 
 namespace strategies {
@@ -139,6 +163,18 @@ struct RankIsBool : Strategy {
 struct NoCheckpointLoad : Strategy {
   StateDict load_checkpoint(const std::string&) = delete;
 };
+struct NoOptimizerStep : Strategy {  // the optimizer step goes strategy -> precision
+  template <class P> bool optimizer_step(Optimizer&, P&) = delete;
+};
+struct MovesTensorsOnly : Strategy {  // the loops move whole batches
+  Batch batch_to_device(const Batch&) = delete;
+};
+struct NoTensorInitContext : Strategy {
+  template <class P> Guard tensor_init_context(P&) = delete;
+};
+struct NoBackwardSyncControl : Strategy {
+  Guard no_backward_sync(Module&, bool) = delete;
+};
 // Uses a precision member outside the contract: the archetype precision refuses it.
 struct NeedsPrecisionExtras : Strategy {
   template <class P>
@@ -155,9 +191,23 @@ TEST_CASE("strategy: the stub satisfies the contract, each near miss does not", 
   STATIC_REQUIRE_FALSE(fulgur::strategy_for<strategies::RankIsBool, V>);
   STATIC_REQUIRE_FALSE(fulgur::strategy_for<strategies::NoCheckpointLoad, V>);
   STATIC_REQUIRE_FALSE(fulgur::strategy_for<strategies::NeedsPrecisionExtras, V>);
+  STATIC_REQUIRE_FALSE(fulgur::strategy_for<strategies::NoOptimizerStep, V>);
+  STATIC_REQUIRE_FALSE(fulgur::strategy_for<strategies::MovesTensorsOnly, V>);
+  STATIC_REQUIRE_FALSE(fulgur::strategy_for<strategies::NoTensorInitContext, V>);
+  STATIC_REQUIRE_FALSE(fulgur::strategy_for<strategies::NoBackwardSyncControl, V>);
   STATIC_REQUIRE_FALSE(fulgur::strategy_for<Precision, V>);
-  STATIC_REQUIRE(fulgur::strategy_topology_for<strategies::NoBarrier, V>);
-  STATIC_REQUIRE_FALSE(fulgur::strategy_collectives_for<strategies::NoBarrier, V>);
+  STATIC_REQUIRE(fulgur::strategy_has_ranks<strategies::NoBarrier, V>);
+  STATIC_REQUIRE_FALSE(fulgur::strategy_has_barrier<strategies::NoBarrier, V>);
+  using enum fulgur::detail::strategy_requirement;
+  constexpr auto first_missing = []<class S>(S*) { return fulgur::detail::first_missing_strategy_requirement<S, V>(); };
+  STATIC_REQUIRE(first_missing(static_cast<Strategy*>(nullptr)) == none);
+  STATIC_REQUIRE(first_missing(static_cast<strategies::NoBarrier*>(nullptr)) == strategy_has_barrier);
+  STATIC_REQUIRE(first_missing(static_cast<strategies::NoOptimizerStep*>(nullptr)) == strategy_has_optimizer_step);
+  STATIC_REQUIRE(first_missing(static_cast<strategies::MovesTensorsOnly*>(nullptr)) == strategy_has_batch_to_device);
+  STATIC_REQUIRE(first_missing(static_cast<strategies::NoTensorInitContext*>(nullptr)) == strategy_has_tensor_init_context);
+  STATIC_REQUIRE(first_missing(static_cast<strategies::NoBackwardSyncControl*>(nullptr)) == strategy_has_no_backward_sync);
+  STATIC_REQUIRE(first_missing(static_cast<strategies::NeedsPrecisionExtras*>(nullptr)) == strategy_has_backward);
+  STATIC_REQUIRE(first_missing(static_cast<Precision*>(nullptr)) == strategy_has_setup_environment);
 }
 
 namespace modules {
@@ -210,6 +260,23 @@ struct OtherBatch {};
 struct WithValidation : Good {
   Tensor validation_step(const Batch&, std::int64_t) { return {}; }
 };
+// Manual optimization: training_step may return nothing; configure_optimizers may return several.
+struct OptimizerConfigs {
+  OptimizerConfigLike& front();
+  std::size_t size() const;
+};
+struct Manual : Module {
+  static constexpr bool automatic_optimization = false;
+  void training_step(const Batch&, std::int64_t, fulgur::StepContext&) {}
+  OptimizerConfigs configure_optimizers() { return {}; }
+};
+struct AutomaticReturningNothing : Module {
+  void training_step(const Batch&, std::int64_t) {}
+  std::unique_ptr<Optimizer> configure_optimizers() { return nullptr; }
+};
+struct ManualAsDataMember : Module {  // must be a compile-time constant to pick the loop
+  bool automatic_optimization = false;
+};
 }  // namespace modules
 
 TEST_CASE("training_module: required steps, accepted return forms, near misses", "[concepts][module]") {
@@ -224,6 +291,12 @@ TEST_CASE("training_module: required steps, accepted return forms, near misses",
   STATIC_REQUIRE_FALSE(fulgur::training_module_for<modules::RawOptimizerPointer, Batch, V>);
   STATIC_REQUIRE_FALSE(fulgur::training_module_for<modules::MisspeltStep, Batch, V>);
   STATIC_REQUIRE_FALSE(fulgur::training_module_for<modules::Good, modules::OtherBatch, V>);
+  STATIC_REQUIRE(fulgur::training_module_for<modules::Manual, Batch, V>);
+  STATIC_REQUIRE_FALSE(fulgur::training_module_for<modules::AutomaticReturningNothing, Batch, V>);
+  STATIC_REQUIRE_FALSE(fulgur::detail::automatic_optimization_of<modules::Manual>());
+  STATIC_REQUIRE(fulgur::detail::automatic_optimization_of<modules::Good>());
+  STATIC_REQUIRE(fulgur::detail::declares_automatic_optimization<modules::ManualAsDataMember>);
+  STATIC_REQUIRE_FALSE(fulgur::detail::declares_constant_automatic_optimization<modules::ManualAsDataMember>);
   STATIC_REQUIRE(fulgur::detail::has_validation_step_for<modules::WithValidation, Batch, V>);
   STATIC_REQUIRE_FALSE(fulgur::detail::has_validation_step_for<modules::Good, Batch, V>);
 }

@@ -2,6 +2,7 @@
 // A vocabulary of small complete stand-ins for LibTorch's types, and policies written against
 // it. Concept and compatibility tests use these, so they compile without LibTorch.
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,9 @@ enum class DeviceType { cpu, cuda };
 struct Module {};
 struct Optimizer {};
 struct StateDict {};
+struct Batch {};
+struct Loader {};
+struct ParallelDevices {};
 
 struct Vocabulary {
   using tensor = Tensor;
@@ -24,6 +28,9 @@ struct Vocabulary {
   using module = Module;
   using optimizer = Optimizer;
   using state_dict = StateDict;
+  using parallel_devices = ParallelDevices;
+  using batch = Batch;
+  using loader = Loader;
 };
 
 struct Guard {
@@ -55,6 +62,7 @@ struct Precision {
   Guard tensor_init_context() { return {}; }
   Guard forward_context() { return {}; }
   Tensor convert_input(const Tensor& t) { return t; }
+  Batch convert_input(const Batch& b) { return b; }
   Tensor convert_output(const Tensor& t) { return t; }
   void pre_backward(const Tensor&, Module&) {}
   void backward(const Tensor&, Module&) {}
@@ -69,17 +77,21 @@ struct Precision {
 
 struct Strategy {
   static constexpr std::string_view name = "single_device";
-  template <class A> void setup_environment(A&) {}
+  template <class A> void setup_environment(A&, const ParallelDevices&) {}
   void setup_module(Module&) {}
   void setup_optimizer(Optimizer&) {}
-  void setup_module_and_optimizers(Module&, std::vector<Optimizer*>&) {}
+  void setup_module_and_optimizers(Module&, std::span<Optimizer* const>) {}
   void module_to_device(Module&) {}
   template <class P> Guard module_init_context(P&, bool) { return {}; }
+  template <class P> Guard tensor_init_context(P&) { return {}; }
   Tensor batch_to_device(const Tensor& t) { return t; }
+  Batch batch_to_device(const Batch& b) { return b; }
   template <class L> L& process_dataloader(L& l) { return l; }
   template <class P> void backward(const Tensor&, Module&, P&) {}
+  template <class P> bool optimizer_step(Optimizer&, P&) { return true; }
   template <class P> Tensor clip_gradients_norm(Module&, Optimizer&, double, double, bool, P&) { return {}; }
   template <class P> void clip_gradients_value(Module&, Optimizer&, double, P&) {}
+  Guard no_backward_sync(Module&, bool) { return {}; }
   Tensor all_reduce(const Tensor& t, fulgur::ReduceOp) { return t; }
   Tensor all_gather(const Tensor& t) { return t; }
   Tensor broadcast(const Tensor& t, int) { return t; }

@@ -31,8 +31,12 @@ void check(bool ok, const std::string& what) {
 TrainerConfig config(TrainerConfig c = {}) {
   c.enable_progress_bar = false;
   c.devices = 2;
-  if (const char* t = std::getenv("FULGUR_TEST_TIMEOUT_MS")) c.ddp.timeout = std::chrono::milliseconds(std::atoi(t));
   return c;
+}
+
+DDPOptions options(DDPOptions o = {}) {
+  if (const char* t = std::getenv("FULGUR_TEST_TIMEOUT_MS")) o.timeout = std::chrono::milliseconds(std::atoi(t));
+  return o;
 }
 
 struct NetImpl : torch::nn::Module {
@@ -61,7 +65,7 @@ std::pair<at::Tensor, at::Tensor> dataset(std::int64_t n) {
 // ---- scenarios ----------------------------------------------------------------------------------
 
 void collectives() {
-  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config());
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config(), options());
   const int rank = trainer.global_rank(), world = trainer.world_size();
   check(world == 2, "world size 2");
   // Lightning's table: rank r holds r + 1; world 2 -> sum 3, max 2, min 1, mean 1.5 (1 for integers).
@@ -121,7 +125,7 @@ void parity() {
   torch::manual_seed(3);
   Net reference;
 
-  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = epochs}));
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = epochs}), options());
   data::TensorLoader loader(x, y, {.batch_size = B, .shuffle = true, .seed = 9});
   data::TensorLoader val(x, y, {.batch_size = 64});
   const auto result = trainer.fit(ddp_model, loader, val);  // process_dataloader shards both: rank r sees perm[r::2]
@@ -173,7 +177,7 @@ void accumulation() {
   auto train = [&](bool skip_sync) {
     torch::manual_seed(5);
     Net model;
-    Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config());
+    Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config(), options());
     torch::optim::SGD optimizer(model->parameters(), 0.1);
     trainer.setup(model, optimizer);
     data::TensorLoader loader(x, y, {.batch_size = 8});
@@ -183,7 +187,7 @@ void accumulation() {
       const bool step = i % 2 == 1;
       auto loss = model->training_step(trainer.batch_to_device(batch), i) / 2.0;
       {
-        auto guard = trainer.no_backward_sync(skip_sync && !step);
+        auto guard = trainer.no_backward_sync(model, skip_sync && !step);
         trainer.backward(loss);
       }
       if (step) {
@@ -221,7 +225,7 @@ void tied_weights() {
   auto [x, y] = dataset(64);
   data::TensorLoader loader(x, y, {.batch_size = 8});
   Tied model;
-  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1}));
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1}), options());
   check(trainer.fit(model, loader).global_step == 4, "a model with tied weights trains under DDP");
   for (const auto& p : model->parameters())
     check(torch::equal(trainer.all_gather(p.detach())[0], trainer.all_gather(p.detach())[1]), "replicas identical");
@@ -233,7 +237,7 @@ void unused_parameters() {
   data::TensorLoader loader(x, y, {.batch_size = 8});
   {
     PartlyUsed model;
-    Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1}));
+    Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1}), options());
     std::string message;
     try {
       trainer.fit(model, loader);
@@ -247,9 +251,8 @@ void unused_parameters() {
   {
     PartlyUsed model;
     const auto spare_before = model->spare->weight.detach().clone();
-    auto c = config({.max_epochs = 1});
-    c.ddp.find_unused_parameters = true;
-    Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(c);
+    Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1}),
+                                                          options({.find_unused_parameters = true}));
     const auto result = trainer.fit(model, loader);
     check(result.global_step == 4, "find_unused_parameters trains");
     auto initial = spare_before.clone();
@@ -274,7 +277,7 @@ TORCH_MODULE(Throwing);
 void fault() {
   auto [x, y] = dataset(4096);
   Throwing model;
-  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1000}));
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1000}), options());
   data::TensorLoader loader(x, y, {.batch_size = 8});
   std::cout << "rank " << my_rank << " training" << std::endl;
   try {
@@ -300,7 +303,7 @@ TORCH_MODULE(OverflowOnRank1);
 void amp_agreement() {
   auto [x, y] = dataset(128);
   OverflowOnRank1 model;
-  Trainer<CPUAccelerator, Gloo, FP16MixedPrecision> trainer(config({.max_epochs = 1}));
+  Trainer<CPUAccelerator, Gloo, FP16MixedPrecision> trainer(config({.max_epochs = 1}), options());
   data::TensorLoader loader(x, y, {.batch_size = 16});
   const auto result = trainer.fit(model, loader);
   check(result.skipped_optimizer_steps == 1, "this rank skipped exactly the overflow step: " +
@@ -331,7 +334,7 @@ void two_nodes() {
   auto c = config({.max_epochs = 2});
   c.devices = 1;
   c.num_nodes = 2;
-  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(c);
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(c, options());
   my_rank = trainer.global_rank();
   check(trainer.world_size() == 2 && trainer.strategy().node_rank() == my_rank, "rank = node rank across 2 nodes");
   auto [x, y] = dataset(128);
@@ -346,7 +349,7 @@ void two_nodes() {
 // Started without torchrun: the Trainer launches the 2 ranks itself (and this process supervises).
 void launched() {
   const char* fail = std::getenv("FULGUR_TEST_FAIL_RANK");
-  Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(config({.max_epochs = 2}));
+  Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(config({.max_epochs = 2}), options());
   my_rank = trainer.global_rank();
   check(trainer.world_size() == 2, "the launcher started 2 ranks");
   if (fail && std::atoi(fail) == my_rank) {

@@ -8,21 +8,28 @@ using namespace fulgur;
 template <class P>
 using CudaTrainer = Trainer<CUDAAccelerator, SingleDeviceStrategy, P>;
 
-using CudaPrecisions = std::tuple<FloatPrecision, DoublePrecision, FP16MixedPrecision, BF16MixedPrecision,
-                                  FP16TruePrecision, BF16TruePrecision>;
+// The single-device CUDA combinations, from the shipped policy lists (one source for the matrix).
+inline constexpr auto cuda_trainers = compatible_trainers(boost::hana::tuple_t<CUDAAccelerator>,
+                                                          boost::hana::tuple_t<SingleDeviceStrategy>, shipped_precisions);
+using CudaTrainers = trainer_tuple_t<cuda_trainers>;
 
-TEMPLATE_LIST_TEST_CASE("every precision trains on CUDA", "[cuda]", CudaPrecisions) {
-  using P = TestType;
+TEMPLATE_LIST_TEST_CASE("every precision trains on CUDA", "[cuda]", CudaTrainers) {
+  using P = typename TestType::precision_type;
   torch::manual_seed(1);
   test::Classifier model(8, 32, 3, /*use_sgd=*/true, /*lr=*/0.05);
   auto [x, y] = test::classification_data(1024);
   data::TensorLoader train(x, y, {.batch_size = 64, .shuffle = true});
   data::TensorLoader val(x, y, {.batch_size = 256});
-  CudaTrainer<P> trainer(test::quiet({.max_epochs = 4}));
+  TestType trainer(test::quiet({.max_epochs = 4}));
   const auto result = trainer.fit(model, train, val);
   CHECK(model->fc1->weight.device().is_cuda());
   CHECK(*result.epochs.back().val_loss < *result.epochs.front().val_loss);
   CHECK(*result.epochs.back().val_loss < 0.7);
+  const auto dtype = model->fc1->weight.scalar_type();
+  if constexpr (requires { P::uses_scaler; } || std::is_same_v<P, FloatPrecision>)
+    CHECK(dtype == at::kFloat);  // mixed: float32 master weights
+  else
+    CHECK(dtype == P::dtype);
 }
 
 TEST_CASE("16-mixed on CUDA runs fp16 autocast and the scaler on the device", "[cuda]") {
@@ -76,4 +83,37 @@ TEST_CASE("CUDA devices: parsing against the real device count; wrong-device bat
   auto [x, y] = test::classification_data(32);
   data::TensorLoader loader(x, y, {.batch_size = 16});
   CHECK_THAT(test::message_of<StepError>([&] { trainer.fit(model, loader); }), Catch::Contains("cuda:0"));
+}
+
+TEST_CASE("init_tensor and init_module create tensors and parameters on the GPU directly", "[cuda]") {
+  CudaTrainer<BF16TruePrecision> trainer(test::quiet());
+  {
+    auto on_device = trainer.init_tensor();
+    const auto t = torch::zeros({4});
+    CHECK(t.is_cuda());
+    CHECK(t.scalar_type() == at::kBFloat16);
+  }
+  {
+    auto on_device = trainer.init_module();
+    torch::nn::Linear layer(8, 4);
+    CHECK(layer->weight.is_cuda());
+    CHECK(layer->weight.scalar_type() == at::kBFloat16);
+  }
+  CHECK(torch::zeros({1}).is_cpu());
+}
+
+TEST_CASE("predict on CUDA returns CPU tensors in order; validate on a fresh module moves it", "[cuda]") {
+  struct PredictorImpl : test::ClassifierImpl {
+    at::Tensor predict_step(const data::Batch& b, std::int64_t) { return forward(b.input); }
+  };
+  auto model = std::make_shared<PredictorImpl>();
+  auto [x, y] = test::classification_data(40);
+  data::TensorLoader data(x, y, {.batch_size = 16});
+  CudaTrainer<BF16MixedPrecision> trainer(test::quiet());
+  CHECK(trainer.validate(model, data).loss.has_value());
+  CHECK(model->fc1->weight.is_cuda());
+  const auto predictions = trainer.predict(model, data);
+  REQUIRE(predictions.size() == 3);
+  CHECK(predictions[2].device().is_cpu());
+  CHECK(predictions[2].size(0) == 8);
 }

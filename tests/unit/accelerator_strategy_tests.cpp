@@ -129,10 +129,12 @@ TEST_CASE("SingleDeviceStrategy: identity collectives, rank 0 of 1, one device",
   CHECK(s.is_global_zero());
   CHECK(s.world_size() == 1);
   CHECK(s.root_device() == c10::Device(c10::kCPU));
-  CHECK_THAT(test::message_of<MisconfigurationError>([] {
-               SingleDeviceStrategy two(std::vector<c10::Device>(2, c10::Device(c10::kCPU)));
+  CPUAccelerator cpu;
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] {
+               s.setup_environment(cpu, ParallelDevices{std::vector<c10::Device>(2, c10::Device(c10::kCPU))});
              }),
-             Catch::StartsWith("SingleDeviceStrategy runs on exactly one device, but 2 were requested"));
+             Catch::StartsWith("single_device runs in one process on exactly one device, but 2 device(s) x 1 node(s) "
+                               "were requested"));
   CHECK_THROWS_AS(test::CpuTrainer<FloatPrecision>(test::quiet({.devices = 2})), MisconfigurationError);
 }
 
@@ -298,10 +300,8 @@ TEST_CASE("DDPStrategy: names, compatibility, and a launch that does not match t
 
 TEST_CASE("DDP in one process: buckets in reverse order, first about 1 MiB, and training works", "[distributed]") {
   if (std::getenv("RANK") || std::getenv("SLURM_PROCID")) return;  // needs a world of one
-  TrainerConfig config = test::quiet({.max_epochs = 1});
-  config.ddp.first_bucket_bytes = 600;   // 150 floats
-  config.ddp.bucket_bytes = 2000;        // 500 floats
-  fulgur::Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(config);
+  fulgur::Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(
+      test::quiet({.max_epochs = 1}), {.first_bucket_bytes = 600, .bucket_bytes = 2000});  // 150 and 500 floats
   CHECK(trainer.world_size() == 1);
   test::Classifier model;  // fc1: 8x16 + 16, fc2: 16x3 + 3
   auto [x, y] = test::classification_data(64);
@@ -332,9 +332,8 @@ struct ThrowInBackward : torch::autograd::Function<ThrowInBackward> {
 
 TEST_CASE("DDP: a backward that fails mid-graph drains what was sent and refuses to go on", "[distributed]") {
   if (std::getenv("RANK") || std::getenv("SLURM_PROCID")) return;  // needs a world of one
-  TrainerConfig config = test::quiet();
-  config.ddp.first_bucket_bytes = 256;  // fc2's gradients fill the first bucket on their own
-  fulgur::Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(config);
+  // fc2's gradients fill the first bucket on their own
+  fulgur::Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(test::quiet(), {.first_bucket_bytes = 256});
   test::Classifier model;
   torch::optim::SGD optimizer(model->parameters(), 0.1);
   trainer.setup(model, optimizer);

@@ -15,6 +15,10 @@ std::vector<int> parse_cpu_devices(std::string_view devices);
 std::vector<int> parse_cuda_devices(int devices, int available);
 std::vector<int> parse_cuda_devices(std::string_view devices, int available);
 
+/// Any indexed device type (accelerator_defaults): Lightning's rule, with `name` in the messages.
+std::vector<int> parse_indexed_devices(int devices, int available, std::string_view name);
+std::vector<int> parse_indexed_devices(std::string_view devices, int available, std::string_view name);
+
 /// "['cpu', 'cuda']": the accelerators this machine can run, for error messages.
 std::string available_accelerators_text();
 

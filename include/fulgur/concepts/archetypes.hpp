@@ -34,6 +34,7 @@ struct precision {
   scope_guard tensor_init_context();
   scope_guard forward_context();
   typename V::tensor convert_input(const typename V::tensor&);
+  typename V::batch convert_input(const typename V::batch&);
   typename V::tensor convert_output(const typename V::tensor&);
   void pre_backward(const typename V::tensor&, typename V::module&);
   void backward(const typename V::tensor&, typename V::module&);

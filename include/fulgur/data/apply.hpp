@@ -51,14 +51,6 @@ template <class T, class F>
 concept user_traversable = requires(const T& x, F& f) { fulgur_map_tensors(x, f); };
 }  // namespace detail
 
-/// True when map_tensors knows how to walk T.
-template <class T, class F = at::Tensor (*)(const at::Tensor&)>
-concept tensor_collection =
-    std::same_as<T, at::Tensor> || std::same_as<T, Batch> || is_tensor_leaf<T>::value ||
-    detail::is_vector<T>::value || detail::is_map<T>::value || detail::is_optional<T>::value ||
-    detail::is_pair<T>::value || detail::is_tuple<T>::value || detail::is_array<T>::value ||
-    detail::is_example<T>::value || detail::user_traversable<T, F>;
-
 template <class T, class F>
 auto map_tensors(const T& x, F&& f) {
   if constexpr (std::is_same_v<T, at::Tensor>) {

@@ -67,8 +67,6 @@ class TorchDistributedSampler : public torch::data::samplers::Sampler<std::vecto
     position_ = static_cast<std::size_t>(position.item<std::int64_t>());
   }
 
-  const std::vector<std::size_t>& current_indices() const { return indices_; }
-
  private:
   struct Shared {
     DistributedSampler sampler;

@@ -1,413 +1,331 @@
 #pragma once
-// The fit and validation loops of Trainer (included at the end of trainer.hpp).
+// The fit loop (Lightning's Trainer.fit and _FitLoop), in Lightning 2.x's order:
 //
-// Per training batch, exactly what a hand-written LibTorch loop does: move the batch, convert the
-// model inputs, forward and loss inside the precision's context, backward, and on a stepping batch
-// clip (after unscaling), step, zero_grad. The loss reaches the host only every
-// log_every_n_steps steps and on an epoch's last batch.
+//   prepare_data (local rank 0), setup("fit"), configure_model (in init_module's context),
+//   the module set up (precision, device, strategy), configure_optimizers, the optimizers set up
+//   on_fit_start
+//   the sanity check: on_sanity_check_start, num_sanity_val_steps validation batches, on_sanity_check_end
+//   on_train_start
+//   per epoch: on_train_epoch_start, the batches (training_epoch.hpp), on_train_epoch_end,
+//              epoch metrics, ReduceLROnPlateau schedulers of epoch interval
+//   on_train_end, on_fit_end, teardown("fit")
+//   on an exception: on_exception(e), then the exception goes on to the caller unchanged.
+//
+// It ends at max_epochs, max_steps, max_time, or a stop request (ctx.should_stop) once
+// min_epochs and min_steps are met.
 #include <ATen/ATen.h>
-#include <torch/data/example.h>
-#include <torch/nn/module.h>
+#include <ATen/Context.h>
 
 #include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <iterator>
-#include <map>
+#include <cstdint>
+#include <exception>
+#include <iostream>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
-#include "fulgur/data/apply.hpp"
-#include "fulgur/data/batch.hpp"
-#include "fulgur/detail/describe.hpp"
+#include "fulgur/concepts/training_module.hpp"
 #include "fulgur/errors.hpp"
-#include "fulgur/step_context.hpp"
-#include "fulgur/trainer_config.hpp"
+#include "fulgur/hooks.hpp"
+#include "fulgur/loops/common.hpp"
+#include "fulgur/loops/evaluation.hpp"
+#include "fulgur/loops/optimization.hpp"
+#include "fulgur/loops/training_epoch.hpp"
+#include "fulgur/metrics.hpp"
+#include "fulgur/optimization.hpp"
+#include "fulgur/results.hpp"
 
-namespace fulgur {
+namespace fulgur::loops {
 
-namespace detail {
-
-struct NoValidationData {};
-
-template <class Data>
-using batch_of_t = std::remove_cvref_t<decltype(*std::begin(std::declval<Data&>()))>;
-
-/// The model's inputs in the precision's dtype; targets are left as they are, so a regression
-/// target is never rounded to half precision (Batch.input / Example.data; every tensor otherwise).
-template <class Precision, class Batch>
-auto convert_model_inputs(Precision& precision, const Batch& batch) {
-  if constexpr (std::is_same_v<Batch, data::Batch>)
-    return data::Batch{at::Tensor(precision.convert_input(batch.input)), batch.target};
-  else if constexpr (requires { batch.data; batch.target; typename Batch::DataType; })
-    return Batch{precision.convert_input(batch.data), batch.target};
-  else
-    return precision.convert_input(batch);
-}
-
-template <class Output>
-at::Tensor loss_of(const Output& output) {
-  if constexpr (std::is_convertible_v<Output, at::Tensor>)
-    return output;
-  else
-    return output.loss;
-}
-
-#define FULGUR_DETAIL_CALL_STEP(step)                                                             \
-  template <class M, class B>                                                                     \
-  at::Tensor call_##step(M& module, const B& batch, std::int64_t batch_idx, StepContext& ctx) {   \
-    if constexpr (requires { module.step(batch, batch_idx, ctx); })                               \
-      return loss_of(module.step(batch, batch_idx, ctx));                                         \
-    else                                                                                          \
-      return loss_of(module.step(batch, batch_idx));                                              \
+/// The random state of the CPU generator and of the training device's, put back when it ends
+/// (Lightning's isolate_rng around the sanity check: validating first must not change training).
+class IsolatedRandomState {
+ public:
+  explicit IsolatedRandomState(c10::Device device) {
+    saved_.emplace_back(at::detail::getDefaultCPUGenerator(), at::detail::getDefaultCPUGenerator().get_state());
+    if (!device.is_cpu()) {
+      at::Generator generator = at::globalContext().defaultGenerator(device);
+      saved_.emplace_back(generator, generator.get_state());
+    }
   }
-FULGUR_DETAIL_CALL_STEP(training_step)
-FULGUR_DETAIL_CALL_STEP(validation_step)
-#undef FULGUR_DETAIL_CALL_STEP
-
-#define FULGUR_DETAIL_HOOK(hook) \
-  template <class M>             \
-  void hook(M& module) {         \
-    if constexpr (requires { module.hook(); }) module.hook(); \
+  ~IsolatedRandomState() {
+    for (auto& [generator, state] : saved_) generator.set_state(state);
   }
-FULGUR_DETAIL_HOOK(on_fit_start)
-FULGUR_DETAIL_HOOK(on_train_start)
-FULGUR_DETAIL_HOOK(on_train_epoch_start)
-FULGUR_DETAIL_HOOK(on_train_epoch_end)
-FULGUR_DETAIL_HOOK(on_validation_epoch_end)
-FULGUR_DETAIL_HOOK(on_train_end)
-#undef FULGUR_DETAIL_HOOK
+  IsolatedRandomState(const IsolatedRandomState&) = delete;
+  IsolatedRandomState& operator=(const IsolatedRandomState&) = delete;
 
-template <class R>
-OptimizerConfig to_optimizer_config(R&& returned) {
-  if constexpr (std::is_same_v<std::remove_cvref_t<R>, OptimizerConfig>) {
-    return std::move(returned);
-  } else if constexpr (requires { returned.optimizer; }) {
-    OptimizerConfig config;
-    config.optimizer = std::move(returned.optimizer);
-    return config;
-  } else {
-    OptimizerConfig config;
-    config.optimizer = std::move(returned);
-    return config;
-  }
-}
+ private:
+  std::vector<std::pair<at::Generator, at::Tensor>> saved_;
+};
 
-inline std::string position_text(const char* step, std::int64_t epoch, std::int64_t batch_idx,
-                                 std::int64_t global_step) {
-  return std::string(step) + " at epoch " + std::to_string(epoch) + ", batch " + std::to_string(batch_idx) +
-         " (global_step " + std::to_string(global_step) + ")";
-}
+/// What the strategy makes of a loader (a reference to it, or a loader of its own); NoData stays.
+template <class Fabric, class Data>
+struct processed_loader {
+  using type = decltype(std::declval<Fabric&>().setup_dataloader(std::declval<Data&>()));
+};
+template <class Fabric>
+struct processed_loader<Fabric, NoData> {
+  using type = NoData;
+};
 
-/// The batch on the strategy's device with the model inputs in the precision's dtype; a batch
-/// that cannot get there (a tensor on another or a meta device, say) is a StepError naming it.
-template <class Strategy, class Precision, class Batch>
-auto prepare_batch(Strategy& strategy, Precision& precision, const Batch& batch, const char* step,
-                   std::int64_t epoch, std::int64_t batch_idx, std::int64_t global_step) {
-  try {
-    return convert_model_inputs(precision, strategy.batch_to_device(batch));
-  } catch (const c10::Error& e) {
-    throw StepError("fulgur: moving the batch of " + position_text(step, epoch, batch_idx, global_step) + " to " +
-                    strategy.root_device().str() + " failed: " + first_line(e.what_without_backtrace()) +
-                    "\n  batch: " + describe_batch(batch) +
-                    ". Give the loader tensors on the CPU (or on the training device).");
-  }
-}
+template <class Fabric, class Module, class TrainData, class ValData>
+class FitLoop {
+  static constexpr bool has_validation = !std::is_same_v<ValData, NoData>;
+  static constexpr bool automatic = detail::automatic_optimization_of<Module>();
+  using TrainLoader = decltype(std::declval<Fabric&>().setup_dataloader(std::declval<TrainData&>()));
+  using ValLoader = typename processed_loader<Fabric, ValData>::type;
+  using Optimization = std::conditional_t<automatic, AutomaticOptimization<Fabric, Module>,
+                                          ManualOptimization<Fabric, Module>>;
+  using ValLoop = std::conditional_t<has_validation,
+                                     EvaluationLoop<Validation, Fabric, Module, std::remove_reference_t<ValLoader>>,
+                                     NoData>;
+  using EpochLoop = TrainingEpochLoop<Fabric, Module, std::remove_reference_t<TrainLoader>, Optimization, ValLoop>;
 
-inline std::string parameters_text(torch::nn::Module& module) {
-  for (const auto& p : module.parameters())
-    return "the module's parameters are " + dtype_name(p.scalar_type()) + " on " + p.device().str();
-  return "the module has no parameters";
-}
+ public:
+  FitLoop(Fabric& fabric, Module& module, TrainData& train, ValData& val)
+      : fabric_(fabric),
+        config_(fabric.config()),
+        hook_(module, ctx_),
+        train_(fabric.setup_dataloader(train)),
+        val_(process_validation(fabric, val)) {}
 
-/// The StepError for a step that LibTorch refused: where, why, the batch and the model.
-template <class Batch>
-StepError step_failure(const char* step, std::int64_t epoch, std::int64_t batch_idx, std::int64_t global_step,
-                       std::string_view precision, const c10::Error& error, const Batch& batch,
-                       torch::nn::Module& module) {
-  return StepError("fulgur: " + position_text(step, epoch, batch_idx, global_step) + " failed under precision '" +
-                   std::string(precision) + "': " + first_line(error.what_without_backtrace()) + "\n  batch: " +
-                   describe_batch(batch) + "\n  " + parameters_text(module) +
-                   ". Make the batch's dtype, shape and device match what the model expects.");
-}
-
-inline std::string fixed(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.4f", v);
-  return text;
-}
-
-inline void check_config(const TrainerConfig& c) {
-  auto bad = [](const std::string& what) { throw MisconfigurationError(what); };
-  if (c.max_epochs && *c.max_epochs < -1) bad("`max_epochs` must be >= -1 (-1: no limit), got " + std::to_string(*c.max_epochs) + ".");
-  if (c.max_steps < -1) bad("`max_steps` must be >= -1 (-1: no limit), got " + std::to_string(c.max_steps) + ".");
-  if (c.accumulate_grad_batches < 1)
-    bad("`accumulate_grad_batches` must be >= 1, got " + std::to_string(c.accumulate_grad_batches) + ".");
-  if (c.gradient_clip_val && *c.gradient_clip_val < 0)
-    bad("`gradient_clip_val` must be >= 0 (0 or unset: no clipping), got " + std::to_string(*c.gradient_clip_val) + ".");
-  if (c.log_every_n_steps < 1) bad("`log_every_n_steps` must be >= 1, got " + std::to_string(c.log_every_n_steps) + ".");
-  if (c.check_val_every_n_epoch < 1)
-    bad("`check_val_every_n_epoch` must be >= 1, got " + std::to_string(c.check_val_every_n_epoch) + ".");
-  if (c.limit_train_batches && *c.limit_train_batches < 0) bad("`limit_train_batches` must be >= 0.");
-  if (c.limit_val_batches && *c.limit_val_batches < 0) bad("`limit_val_batches` must be >= 0.");
-}
-
-}  // namespace detail
-
-template <class A, class S, class P>
-template <class Module, class TrainData>
-FitResult Trainer<A, S, P>::fit(Module& module, TrainData& train_data) {
-  return run_fit(module, train_data, static_cast<detail::NoValidationData*>(nullptr));
-}
-
-template <class A, class S, class P>
-template <class Module, class TrainData, class ValData>
-FitResult Trainer<A, S, P>::fit(Module& module, TrainData& train_data, ValData& val_data) {
-  return run_fit(module, train_data, &val_data);
-}
-
-template <class A, class S, class P>
-template <class Module, class ValData>
-double Trainer<A, S, P>::validate(Module& module, ValData& val_data) {
-  std::map<std::string, double> metrics;
-  return validation_loop(module, val_data, 0, 0, metrics);
-}
-
-template <class A, class S, class P>
-template <class Module, class ValData>
-double Trainer<A, S, P>::validation_loop(Module& module, ValData& val_data, std::int64_t epoch,
-                                         std::int64_t global_step, std::map<std::string, double>& metrics) {
-  auto& m = detail::module_ref(module);
-  using M = std::remove_cvref_t<decltype(m)>;
-  auto&& range = strategy_.process_dataloader(detail::range_ref(val_data));  // each rank validates its shard
-  using Batch = detail::batch_of_t<std::remove_reference_t<decltype(range)>>;
-  static_assert(has_validation_step<M, Batch>,
-                "fulgur: validation data was given but the module has no validation_step(batch, batch_idx) "
-                "returning its loss; add one, or call fit without validation data.");
-  torch::NoGradGuard no_grad;
-  const bool was_training = m.is_training();
-  m.eval();
-  StepContext ctx;
-  ctx.global_rank = global_rank();
-  ctx.current_epoch = epoch;
-  ctx.global_step = global_step;
-  ctx.reset(/*accumulate=*/true);  // logged values: batch-size-weighted means over the epoch
-  at::Tensor weighted_sum;
-  double weight = 0.0;
-  std::int64_t batch_idx = 0;
-  for (auto&& batch : range) {
-    if (config_.limit_val_batches && batch_idx >= *config_.limit_val_batches) break;
-    auto device_batch = detail::prepare_batch(strategy_, precision_, batch, "validation_step", epoch, batch_idx, global_step);
-    const std::int64_t batch_size = data::extract_batch_size(device_batch);
-    ctx.batch_idx = batch_idx;
-    ctx.set_batch_size(batch_size);
-    at::Tensor loss;
+  FitResult run() {
     try {
-      auto guard = precision_.forward_context();
-      loss = detail::call_validation_step(m, device_batch, batch_idx, ctx);
-    } catch (const c10::Error& e) {
-      throw detail::step_failure("validation_step", epoch, batch_idx, global_step, P::name, e, device_batch, m);
+      set_up();
+      hook_(hooks::on_fit_start);
+      sanity_check();
+      if (max_batches_ != 0 && !done()) {  // nothing to train (limit 0, max_epochs 0, ...): Lightning's skip
+        hook_(hooks::on_train_start);
+        run_epochs();
+        hook_(hooks::on_train_end);
+      }
+      hook_(hooks::on_fit_end);
+      hook_(hooks::teardown, Stage::fit);
+    } catch (const std::exception& e) {
+      hook_(hooks::on_exception, e);
+      throw;
     }
-    const at::Tensor contribution = loss.detach().to(at::kDouble) * static_cast<double>(batch_size);
-    weighted_sum = weighted_sum.defined() ? weighted_sum + contribution : contribution;
-    weight += static_cast<double>(batch_size);
-    ++batch_idx;
+    return finish();
   }
-  if (batch_idx == 0)
-    throw DataError("fulgur: the validation data yielded no batches; give it data, or call fit without it.");
-  const at::Tensor totals =
-      strategy_.all_reduce(at::stack({weighted_sum, at::scalar_tensor(weight, weighted_sum.options())}), ReduceOp::sum);
-  for (const auto* entry : ctx.entries_by_name()) {  // the same order on every rank
-    at::Tensor mean = entry->sum / entry->weight;
-    if (entry->options.sync_dist) mean = strategy_.all_reduce(mean, ReduceOp::mean);
-    metrics[entry->name] = mean.template item<double>();
+
+ private:
+  static ValLoader process_validation(Fabric& fabric, ValData& val) {
+    if constexpr (has_validation) return fabric.setup_dataloader(val);
+    else return NoData{};
   }
-  m.train(was_training);
-  detail::on_validation_epoch_end(m);
-  return (totals[0] / totals[1]).template item<double>();
-}
 
-template <class A, class S, class P>
-template <class Module, class TrainData, class ValData>
-FitResult Trainer<A, S, P>::run_fit(Module& module, TrainData& train_data, ValData* val_data) {
-  constexpr bool has_val = !std::is_same_v<ValData, detail::NoValidationData>;
-  auto& m = detail::module_ref(module);
-  using M = std::remove_cvref_t<decltype(m)>;
-  auto&& train = strategy_.process_dataloader(detail::range_ref(train_data));  // a strategy may shard it
-  using Batch = detail::batch_of_t<std::remove_reference_t<decltype(train)>>;
-  static_assert(training_module<M, Batch>,
-                "fulgur: the module must derive from torch::nn::Module and define "
-                "training_step(const Batch&, int64_t batch_idx) returning the loss (or a struct with `loss`) for "
-                "the batches of train_data, and configure_optimizers() returning a std::unique_ptr<Optimizer> or "
-                "fulgur::OptimizerConfig; see docs/concepts/training_module.md.");
-
-  detail::check_config(config_);
-  const std::int64_t max_epochs = config_.max_epochs ? *config_.max_epochs : (config_.max_steps == -1 ? 1000 : -1);
-  if (m.parameters().empty())
-    throw MisconfigurationError("fulgur: the module " + m.name() +
-                                " has no parameters, so there is nothing to train; register them with "
-                                "register_module/register_parameter in its constructor.");
-
-  precision_.convert_module(m);
-  strategy_.module_to_device(m);
-  OptimizerConfig optimization = detail::to_optimizer_config(m.configure_optimizers());
-  if (!optimization.optimizer)
-    throw MisconfigurationError("fulgur: configure_optimizers() returned no optimizer; return one, e.g. "
-                                "std::make_unique<torch::optim::Adam>(parameters(), 1e-3).");
-  if (optimization.frequency < 1) throw MisconfigurationError("fulgur: OptimizerConfig::frequency must be >= 1.");
-  torch::optim::Optimizer& optimizer = *optimization.optimizer;
-  std::vector<torch::optim::Optimizer*> optimizers{&optimizer};
-  strategy_.setup_module_and_optimizers(m, optimizers);
-  module_ = &m;
-
-  const std::int64_t accumulate = config_.accumulate_grad_batches;
-  const bool clip = config_.gradient_clip_val && *config_.gradient_clip_val > 0.0;
-  constexpr bool scaler = detail::uses_scaler<P>();
-
-  FitResult result;
-  StepContext ctx;
-  ctx.global_rank = global_rank();
-  std::int64_t global_step = 0;
-  bool stop = config_.max_steps == 0;
-  std::int64_t last_checked_step = 0;
-
-  detail::on_fit_start(m);
-  m.train();
-  detail::on_train_start(m);
-  optimizer.zero_grad();
-
-  for (std::int64_t epoch = 0; !stop && (max_epochs == -1 || epoch < max_epochs); ++epoch) {
-    const auto epoch_start = std::chrono::steady_clock::now();
-    if constexpr (requires { train.set_epoch(epoch); }) train.set_epoch(epoch);
-    m.train();
-    detail::on_train_epoch_start(m);
-    ctx.reset(/*accumulate=*/false);
-    ctx.current_epoch = epoch;
-
-    EpochSummary summary;
-    summary.epoch = epoch;
-    std::int64_t batch_idx = 0, stepped_in_epoch = 0;
-    auto it = std::begin(train);
-    auto end = std::end(train);
-    const std::int64_t limit = config_.limit_train_batches.value_or(-1);
-    std::optional<Batch> current;
-    if (limit != 0 && it != end) {
-      current.emplace(*it);
-      ++it;
+  void set_up() {
+    Module& module = hook_.module();
+    run_setup_hooks(fabric_, hook_, Stage::fit);
+    if (module.parameters().empty())
+      throw MisconfigurationError("fulgur: the module " + module.name() +
+                                  " has no parameters, so there is nothing to train; register them with "
+                                  "register_module/register_parameter in its constructor (or create them in "
+                                  "configure_model).");
+    fabric_.setup_module(module);
+    optimizers_ = detail::to_optimizer_configs(module.configure_optimizers());
+    check_optimizers();
+    for (auto& config : optimizers_) {
+      fabric_.setup_optimizers(*config.optimizer);
+      config.lr_scheduler.initial_step();  // as PyTorch's scheduler constructors do
     }
-    while (current) {
-      // One batch of look-ahead tells whether this batch is the epoch's last (accumulation flushes there).
-      const bool is_last = it == end || (limit >= 0 && batch_idx + 1 >= limit);
-      auto device_batch =
-          detail::prepare_batch(strategy_, precision_, *current, "training_step", epoch, batch_idx, global_step);
-      ctx.batch_idx = batch_idx;
-      ctx.global_step = global_step;
+    if constexpr (automatic)
+      optimization_.emplace(fabric_, hook_, config_, *optimizers_.front().optimizer, progress_);
+    else
+      optimization_.emplace(fabric_, hook_, config_, optimizers_, progress_);
+    ctx_.global_rank = fabric_.global_rank();
+    ctx_.world_size = fabric_.world_size();
+    ctx_.stage = Stage::fit;
+    ctx_.attach(&train_metrics_);
+    plan_batches();
+    if (!module.is_training())
+      warn("fulgur: the module is in eval mode at the start of training (dropout and batch norm behave as in "
+           "evaluation); call module->train() before fit if that is not what you want.");
+  }
 
-      const bool step_now = (batch_idx + 1) % accumulate == 0 || is_last;
-      at::Tensor loss;
-      try {
-        {
-          auto guard = precision_.forward_context();
-          loss = detail::call_training_step(m, device_batch, batch_idx, ctx);
-        }
-        if (!loss.defined() || loss.numel() != 1)
-          throw StepError("fulgur: " + detail::position_text("training_step", epoch, batch_idx, global_step) +
-                          " returned " + (loss.defined() ? detail::describe_tensor(loss) : "an undefined tensor") +
-                          "; return the scalar loss (reduce it with .mean() or .sum()).");
-        if (accumulate > 1) loss = loss / static_cast<double>(accumulate);
-        auto local_only = no_backward_sync(!step_now);  // micro-batches accumulate without communication
-        strategy_.backward(loss, m, precision_);
-      } catch (const c10::Error& e) {
-        throw detail::step_failure("training_step", epoch, batch_idx, global_step, P::name, e, device_batch, m);
-      }
-
-      if (step_now) {
-        if (clip) {
-          if (config_.gradient_clip_algorithm == GradientClipAlgorithm::norm)
-            strategy_.clip_gradients_norm(m, optimizer, *config_.gradient_clip_val, 2.0,
-                                          /*error_if_nonfinite=*/false, precision_);
-          else
-            strategy_.clip_gradients_value(m, optimizer, *config_.gradient_clip_val, precision_);
-        }
-        const bool stepped = precision_.optimizer_step(optimizer);
-        optimizer.zero_grad();
-        ++global_step;
-        if (stepped) {
-          ++stepped_in_epoch;
-          // A skipped step leaves the learning rate alone (Lightning issues 5558, 16228).
-          if (optimization.lr_scheduler && optimization.interval == SchedulerInterval::step &&
-              global_step % optimization.frequency == 0)
-            optimization.lr_scheduler->step();
-        } else {
-          ++summary.skipped_optimizer_steps;
-        }
-      }
-
-      // The loss reaches the host only here: on log steps, the first step and the epoch's last batch.
-      const bool read_loss = is_last || (step_now && (global_step == 1 || global_step % config_.log_every_n_steps == 0)) ||
-                             config_.finite_loss_check == FiniteLossCheck::every_step;
-      if (read_loss) {
-        const double value = loss.detach().template item<double>() * static_cast<double>(accumulate);
-        if (!scaler && config_.finite_loss_check != FiniteLossCheck::off && !std::isfinite(value))
-          throw NonFiniteLossError(
-              "fulgur: the loss is " + std::string(std::isnan(value) ? "NaN" : "infinite") + " at " +
-              detail::position_text("training_step", epoch, batch_idx, global_step) + " under precision '" +
-              std::string(P::name) + "'" +
-              (config_.finite_loss_check == FiniteLossCheck::every_step
-                   ? std::string(".")
-                   : "; it was last seen finite at global_step " + std::to_string(last_checked_step) + ".") +
-              " Lower the learning rate, clip gradients (TrainerConfig::gradient_clip_val), check the data for "
-              "NaN/inf, or set finite_loss_check = FiniteLossCheck::every_step to stop at the first bad batch.");
-        last_checked_step = global_step;
-        summary.train_loss = value;
-      }
-      if (config_.max_steps >= 0 && global_step >= config_.max_steps) stop = true;
-      ++batch_idx;
-      if (is_last || stop) break;
-      current.emplace(*it);
-      ++it;
+  void check_optimizers() {
+    if (optimizers_.empty() || !optimizers_.front().optimizer)
+      throw MisconfigurationError("fulgur: configure_optimizers() returned no optimizer; return one, e.g. "
+                                  "std::make_unique<torch::optim::Adam>(parameters(), 1e-3).");
+    for (const auto& config : optimizers_) {
+      if (!config.optimizer) throw MisconfigurationError("fulgur: configure_optimizers() returned an empty OptimizerConfig.");
+      if (config.frequency < 1) throw MisconfigurationError("fulgur: OptimizerConfig::frequency must be >= 1.");
+      if (config.lr_scheduler.reduce_on_plateau() && config.monitor.empty())
+        throw MisconfigurationError(
+            "The lr scheduler dict must include a monitor when a `ReduceLROnPlateau` scheduler is used. For example: "
+            "OptimizerConfig{.optimizer = ..., .lr_scheduler = ..., .monitor = \"val_loss\"}.");
     }
-    if (batch_idx == 0) {
-      std::string what = "fulgur: the training data yielded no batches in epoch " + std::to_string(epoch);
-      if constexpr (requires { train.describe(); }) what += " (" + train.describe() + ")";
-      throw DataError(what + "; give it samples (with drop_last, at least batch_size of them), or check "
-                             "limit_train_batches.");
-    }
-
-    summary.global_step = global_step;
-    result.metrics["train_loss"] = summary.train_loss;
-    for (const auto* entry : ctx.entries_by_name()) {  // the same order on every rank
-      at::Tensor v = entry->sum.detach().to(at::kDouble);
-      if (entry->options.sync_dist) v = strategy_.all_reduce(v, ReduceOp::mean);
-      result.metrics[entry->name] = v.template item<double>();
-    }
-    if constexpr (has_val) {
-      if ((epoch + 1) % config_.check_val_every_n_epoch == 0) {
-        summary.val_loss = validation_loop(m, *val_data, epoch, global_step, result.metrics);
-        result.metrics["val_loss"] = *summary.val_loss;
-      }
-    }
-    detail::on_train_epoch_end(m);
-    if (optimization.lr_scheduler && optimization.interval == SchedulerInterval::epoch && stepped_in_epoch > 0 &&
-        (epoch + 1) % optimization.frequency == 0)
-      optimization.lr_scheduler->step();
-
-    result.skipped_optimizer_steps += summary.skipped_optimizer_steps;
-    result.epochs.push_back(summary);
-    if (config_.enable_progress_bar) {
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-      print("epoch ", epoch + 1, max_epochs > 0 ? "/" + std::to_string(max_epochs) : std::string(), "  step ",
-            global_step, "  train_loss ", detail::fixed(summary.train_loss),
-            summary.val_loss ? "  val_loss " + detail::fixed(*summary.val_loss) : std::string(),
-            summary.skipped_optimizer_steps ? "  skipped_steps " + std::to_string(summary.skipped_optimizer_steps)
-                                            : std::string(),
-            "  (", detail::fixed(seconds), " s)");
+    if constexpr (automatic) {
+      if (optimizers_.size() > 1)
+        throw MisconfigurationError(
+            "Training with multiple optimizers is only supported with manual optimization. Declare `static "
+            "constexpr bool automatic_optimization = false;` in your module, then step each optimizer in "
+            "training_step through ctx.optimizers().");
+    } else {
+      if (config_.accumulate_grad_batches != 1)
+        throw MisconfigurationError(
+            "Automatic gradient accumulation is not supported for manual optimization. Remove "
+            "`TrainerConfig::accumulate_grad_batches = " + std::to_string(config_.accumulate_grad_batches) +
+            "` or switch to automatic optimization.");
+      if (config_.gradient_clip_val && *config_.gradient_clip_val > 0.0)
+        throw MisconfigurationError(
+            "Automatic gradient clipping is not supported for manual optimization. Remove "
+            "`TrainerConfig::gradient_clip_val` or switch to automatic optimization (in training_step, clip with "
+            "ctx.clip_gradients(optimizer, {.max_norm = ...})).");
     }
   }
-  result.global_step = global_step;
-  detail::on_train_end(m);
-  return result;
-}
 
-}  // namespace fulgur
+  /// How many training batches an epoch runs, and where validation goes (Lightning's setup_data).
+  void plan_batches() {
+    require_batches(train_, config_.limit_train_batches, "training",
+                    "give it samples (with drop_last, at least batch_size of them), or check limit_train_batches.");
+    max_batches_ = batch_limit(train_, config_.limit_train_batches, "limit_train_batches");
+    if constexpr (has_validation) {
+      require_batches(val_, config_.limit_val_batches, "validation",
+                      "give it samples, set limit_val_batches = 0, or call fit without it.");
+      schedule_.batches = batch_limit(val_, config_.limit_val_batches, "limit_val_batches");
+      schedule_.enabled = schedule_.batches != 0;
+      schedule_.every_n_epochs = config_.check_val_every_n_epoch;
+    }
+    const BatchAmount& interval = config_.val_check_interval;
+    if (!interval.is_fraction()) {
+      schedule_.check_batch = interval.count();
+      if (schedule_.enabled && schedule_.every_n_epochs && max_batches_ >= 0 && schedule_.check_batch > max_batches_)
+        throw MisconfigurationError(
+            "`val_check_interval` (" + std::to_string(schedule_.check_batch) + ") must be less than or equal to "
+            "the number of the training batches (" + std::to_string(max_batches_) + "). If you want to disable "
+            "validation set `limit_val_batches` to 0.0 instead. If you want to validate based on the total training "
+            "batches, set `check_val_every_n_epoch` to std::nullopt.");
+    } else if (max_batches_ < 0) {
+      if (!interval.is_all())
+        throw MisconfigurationError("The training loader cannot tell its length, so `val_check_interval` must be "
+                                    "1.0 or a number of batches (an int), got the fraction " +
+                                    number_text(interval.fraction()) + ".");
+      schedule_.check_batch = -1;
+    } else {
+      schedule_.check_batch = std::max<std::int64_t>(1, interval.of(max_batches_));
+    }
+  }
+
+  void sanity_check() {
+    if constexpr (has_validation) {
+      const std::int64_t wanted = config_.num_sanity_val_steps;
+      if (!schedule_.enabled || wanted == 0) return;
+      std::int64_t steps = wanted < 0 ? schedule_.batches : wanted;
+      if (wanted > 0 && schedule_.batches >= 0) steps = std::min(steps, schedule_.batches);
+      IsolatedRandomState isolated(fabric_.device());
+      hook_(hooks::on_sanity_check_start);
+      const auto result = validation_.emplace(fabric_, hook_, val_, views_).run(steps, EvaluationMode::sanity_check);
+      warnings_.insert(warnings_.end(), result.warnings.begin(), result.warnings.end());
+      hook_(hooks::on_sanity_check_end);
+    }
+  }
+
+  bool done() {
+    const std::optional<std::int64_t> max_epochs =
+        config_.max_epochs ? config_.max_epochs : (config_.max_steps == -1 ? std::optional<std::int64_t>(1000) : std::nullopt);
+    if (config_.max_steps >= 0 && progress_.global_step >= config_.max_steps) {
+      progress_.stop_reason = "max_steps=" + std::to_string(config_.max_steps) + " reached";
+      return true;
+    }
+    if (max_epochs && *max_epochs >= 0 && progress_.epochs_done >= *max_epochs) {
+      progress_.stop_reason = "max_epochs=" + std::to_string(*max_epochs) + " reached";
+      return true;
+    }
+    if (!ctx_.should_stop || !can_stop_early(progress_, config_)) return false;
+    if (progress_.stop_reason.empty()) progress_.stop_reason = "should_stop was set";
+    return true;
+  }
+
+  void run_epochs() {
+    auto* validation = [&]() -> ValLoop* {
+      if constexpr (has_validation) return &(validation_ ? *validation_ : validation_.emplace(fabric_, hook_, val_, views_));
+      else return nullptr;
+    }();
+    EpochLoop epoch_loop({fabric_, hook_, train_, *optimization_, schedulers_, progress_, train_metrics_, views_,
+                          warnings_, validation},
+                         max_batches_, schedule_);
+    const auto start = std::chrono::steady_clock::now();
+    while (!done()) {
+      const auto epoch_start = std::chrono::steady_clock::now();
+      EpochSummary summary;
+      summary.epoch = ctx_.current_epoch = progress_.epochs_done;
+      progress_.stepped_in_epoch = progress_.skipped_in_epoch = 0;
+      if constexpr (requires { train_.set_epoch(summary.epoch); }) train_.set_epoch(summary.epoch);
+      hook_(hooks::on_train_epoch_start);
+      const bool completed = epoch_loop.run(summary, start);
+      finish_epoch(summary, completed);
+      print_epoch(summary, std::chrono::steady_clock::now() - epoch_start);
+    }
+  }
+
+  void finish_epoch(EpochSummary& summary, bool completed) {
+    ++progress_.epochs_done;
+    hook_(hooks::on_train_epoch_end);
+    train_metrics_.publish_epoch(views_, [this](const at::Tensor& t, ReduceOp op) { return fabric_.all_reduce(t, op); });
+    if (completed && progress_.stepped_in_epoch > 0)
+      schedulers_.after_epoch(summary.epoch, views_.callback, /*plateau=*/true);
+    for (auto& w : schedulers_.take_warnings()) warn(std::move(w));
+    train_metrics_.reset();
+    summary.global_step = progress_.global_step;
+    summary.skipped_optimizer_steps = progress_.skipped_in_epoch;
+    skipped_total_ += progress_.skipped_in_epoch;
+    summary.metrics = host_metrics();
+    result_.epochs.push_back(summary);
+  }
+
+  /// The callback metrics on the host (one read each, at an epoch's end or fit's).
+  Metrics host_metrics() const { return views_.callback.to_host(); }
+
+  /// One line per epoch on global rank 0: the step, the losses, the values logged with prog_bar.
+  void print_epoch(const EpochSummary& summary, std::chrono::steady_clock::duration took) {
+    if (!config_.enable_progress_bar) return;
+    std::string line = "epoch " + std::to_string(summary.epoch + 1);
+    if (config_.max_epochs && *config_.max_epochs > 0) line += "/" + std::to_string(*config_.max_epochs);
+    line += "  step " + std::to_string(summary.global_step);
+    if (summary.train_loss) line += "  train_loss " + fixed(*summary.train_loss);
+    if (summary.val_loss) line += "  val_loss " + fixed(*summary.val_loss);
+    for (const auto& [name, value] : views_.progress_bar)  // read here, once an epoch
+      line += "  " + name + " " + fixed(value.template item<double>());
+    if (summary.skipped_optimizer_steps) line += "  skipped_steps " + std::to_string(summary.skipped_optimizer_steps);
+    fabric_.print(line, "  (", fixed(std::chrono::duration<double>(took).count()), " s)");
+  }
+
+  void warn(std::string text) {
+    if (fabric_.is_global_zero()) std::cerr << text << std::endl;
+    warnings_.push_back(std::move(text));
+  }
+
+  FitResult finish() {
+    result_.global_step = progress_.global_step;
+    result_.skipped_optimizer_steps = skipped_total_;
+    result_.metrics = host_metrics();
+    result_.logged_metrics = views_.logged.to_host();
+    result_.progress_bar_metrics = views_.progress_bar.to_host();
+    result_.stop_reason = progress_.stop_reason;
+    result_.warnings = std::move(warnings_);
+    return std::move(result_);
+  }
+
+  Fabric& fabric_;
+  const TrainerConfig& config_;
+  StepContext ctx_;
+  hooks::HookCaller<Module> hook_;
+  TrainLoader train_;
+  ValLoader val_;
+  std::vector<OptimizerConfig> optimizers_;
+  std::optional<Optimization> optimization_;
+  std::optional<ValLoop> validation_;
+  FitProgress progress_;
+  Schedulers schedulers_{optimizers_, automatic};
+  detail::MetricCollection train_metrics_{/*training=*/true};
+  detail::MetricViews views_;
+  std::int64_t max_batches_ = -1;
+  ValidationSchedule schedule_;
+  std::int64_t skipped_total_ = 0;
+  std::vector<std::string> warnings_;
+  FitResult result_;
+};
+
+}  // namespace fulgur::loops

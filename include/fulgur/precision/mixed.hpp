@@ -39,7 +39,8 @@ class MixedPrecision {
   static constexpr bool uses_scaler = !std::is_same_v<Scaler, NoScaler>;
 
   /// device_type: where autocast runs (the accelerator's device type); the Trainer passes it.
-  explicit MixedPrecision(c10::DeviceType device_type = c10::kCPU, Scaler scaler = Scaler{})
+  // Not explicit: a precision derived from this one by aggregate gets its device type the same way.
+  MixedPrecision(c10::DeviceType device_type = c10::kCPU, Scaler scaler = Scaler{})
       : device_type_(device_type), scaler_(std::move(scaler)) {}
 
   void convert_module(torch::nn::Module&) {}  // parameters stay float32
@@ -59,9 +60,12 @@ class MixedPrecision {
   }
   void post_backward(const at::Tensor&, torch::nn::Module&) {}
 
-  /// Divides the gradients by the loss scale; the strategy calls it before clipping.
+  /// Divides the gradients by the loss scale, once per step: the loop calls it before
+  /// on_before_optimizer_step (so hooks see true gradients) and clipping calls it again, which
+  /// then does nothing. (GradScaler::unscale_ itself refuses a second call, as Python's does.)
   void unscale_gradients(torch::optim::Optimizer& optimizer) {
-    if constexpr (uses_scaler) scaler_.unscale_(optimizer);
+    if constexpr (uses_scaler)
+      if (scaler_.stage(optimizer) == GradScaler::Stage::ready) scaler_.unscale_(optimizer);
   }
   /// Steps unless the scaler found an inf/NaN gradient; returns whether it stepped.
   bool optimizer_step(torch::optim::Optimizer& optimizer) {

@@ -6,14 +6,16 @@
 // Processes come from torchrun, SLURM (distributed/environment.hpp) or, with devices > 1 and
 // neither, from fulgur's own launcher (distributed/launcher.hpp). Parameters and buffers are
 // broadcast from rank 0 at setup; gradients are all-reduced in buckets while backward runs
-// (distributed/reducer.hpp). Every collective has a timeout (TrainerConfig::ddp.timeout).
+// (distributed/reducer.hpp). Every collective has a timeout (DDPOptions::timeout).
+// It inherits strategy_defaults and writes only what differs from one process on one device.
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include <cstring>
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,8 +34,8 @@
 #include "fulgur/distributed/reducer.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/state_dict.hpp"
-#include "fulgur/strategies/common.hpp"
-#include "fulgur/trainer_config.hpp"
+#include "fulgur/parallel_devices.hpp"
+#include "fulgur/strategies/defaults.hpp"
 
 namespace fulgur {
 
@@ -43,48 +45,55 @@ struct Gloo {};  ///< CPU tensors
 struct NCCL {};  ///< CUDA tensors only
 }  // namespace backend
 
+/// DDPStrategy's options (Lightning: DDPStrategy(find_unused_parameters=..., timeout=...)),
+/// given to the Trainer next to its config: Trainer<A, DDPStrategy, P> trainer(config, {.timeout = ...}).
+struct DDPOptions {
+  bool find_unused_parameters = false;  ///< off: a parameter without gradient is an error naming it
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< the first gradient bucket, sent early
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< every collective and the rendezvous
+};
+
 template <class Backend>
-class BasicDDPStrategy {
+class BasicDDPStrategy : public strategy_defaults<BasicDDPStrategy<Backend>> {
   static_assert(std::is_same_v<Backend, backend::Auto> || std::is_same_v<Backend, backend::Gloo> ||
                     std::is_same_v<Backend, backend::NCCL>,
                 "fulgur: the DDP backend must be backend::Auto, backend::Gloo or backend::NCCL.");
+  using defaults = strategy_defaults<BasicDDPStrategy<Backend>>;
 
  public:
   static constexpr std::string_view name = "ddp";
+  using options_type = DDPOptions;
   /// Compatibility rule: NCCL carries CUDA tensors only.
   static constexpr bool supports_accelerator(std::string_view accelerator) {
     return !std::is_same_v<Backend, backend::NCCL> || accelerator == "cuda";
   }
 
-  /// From the accelerator's devices on this node and the Trainer's configuration.
-  BasicDDPStrategy(const std::vector<c10::Device>& devices, const TrainerConfig& config)
-      : options_(config.ddp), env_(distributed::detect_environment()) {
-    const int expected = static_cast<int>(devices.size()) * config.num_nodes;
-    // No launcher around us: this process supervises one worker per device and never returns.
+  // Not explicit: a strategy derived from this one by aggregate gets its options the same way.
+  BasicDDPStrategy(DDPOptions options = {}) : options_(options) {}
+
+  /// Finds this process's place (torchrun, SLURM, or fulgur's own launcher, started here when
+  /// devices x num_nodes > 1 and no launcher is around: this process then supervises one worker per
+  /// device and never returns), sets up its device and meets the other processes.
+  template <class Accelerator>
+  void setup_environment(Accelerator& accelerator, const ParallelDevices& parallel) {
+    env_ = distributed::detect_environment();
+    const int local = static_cast<int>(parallel.devices.size());
+    const int expected = local * parallel.num_nodes;
     if (env_.source == distributed::ClusterEnvironment::Source::none && expected > 1)
-      distributed::launch_local_workers({static_cast<int>(devices.size()), config.num_nodes});
+      distributed::launch_local_workers({local, parallel.num_nodes});
     if (env_.world_size != expected)
       throw MisconfigurationError(
           "the launcher started " + std::to_string(env_.world_size) + " processes (WORLD_SIZE/SLURM_NTASKS), but the "
-          "Trainer was configured for devices=" + std::to_string(devices.size()) + " x num_nodes=" +
-          std::to_string(config.num_nodes) + " = " + std::to_string(expected) +
+          "Trainer was configured for devices=" + std::to_string(local) + " x num_nodes=" +
+          std::to_string(parallel.num_nodes) + " = " + std::to_string(expected) +
           "; make them agree (torchrun --nproc-per-node / #SBATCH --ntasks-per-node must equal devices).");
-    if (env_.local_rank >= static_cast<int>(devices.size()))
+    if (env_.local_rank >= local)
       throw MisconfigurationError("local rank " + std::to_string(env_.local_rank) + " has no device: only " +
-                                  std::to_string(devices.size()) + " were given.");
-    root_device_ = devices[static_cast<std::size_t>(env_.local_rank)];
-    if constexpr (std::is_same_v<Backend, backend::NCCL>)
-      kind_ = distributed::BackendKind::nccl;
-    else if constexpr (std::is_same_v<Backend, backend::Gloo>)
-      kind_ = distributed::BackendKind::gloo;
-    else
-      kind_ = root_device_.is_cuda() ? distributed::BackendKind::nccl : distributed::BackendKind::gloo;
-  }
-
-  template <class Accelerator>
-  void setup_environment(Accelerator& accelerator) {
-    accelerator.setup_device(root_device_);
-    group_ = std::make_unique<distributed::ProcessGroup>(kind_, env_, options_.timeout, root_device_);
+                                  std::to_string(local) + " were given.");
+    this->set_root_device(parallel.devices[static_cast<std::size_t>(env_.local_rank)]);
+    accelerator.setup_device(this->root_device());
+    group_ = std::make_unique<distributed::ProcessGroup>(backend_kind(), env_, options_.timeout, this->root_device());
   }
 
   /// Broadcasts rank 0's parameters and buffers, then installs the gradient hooks.
@@ -104,21 +113,6 @@ class BasicDDPStrategy {
     reducer_ = std::make_unique<distributed::GradientReducer>(
         group(), std::move(named),
         distributed::ReducerOptions{options_.first_bucket_bytes, options_.bucket_bytes, options_.find_unused_parameters});
-  }
-  void setup_optimizer(torch::optim::Optimizer&) {}
-  void setup_module_and_optimizers(torch::nn::Module& module, std::span<torch::optim::Optimizer* const> optimizers) {
-    setup_module(module);
-    for (auto* optimizer : optimizers) setup_optimizer(*optimizer);
-  }
-  void module_to_device(torch::nn::Module& module) { module.to(root_device_); }
-  template <class Precision>
-  auto module_init_context(Precision& precision, bool /*empty_init*/) {
-    return detail::module_init_context_on(root_device_, precision);
-  }
-
-  template <class Batch>
-  auto batch_to_device(const Batch& batch) const {
-    return detail::move_batch(batch, root_device_);
   }
   /// Gives a shard-aware loader (TensorLoader) this rank's part of the data.
   template <class Loader>
@@ -161,17 +155,8 @@ class BasicDDPStrategy {
     distributed::GradientReducer* reducer_;
     bool previous_ = true;
   };
-  NoSyncGuard no_backward_sync(bool enabled = true) { return NoSyncGuard(enabled ? reducer_.get() : nullptr); }
-
-  template <class Precision>
-  at::Tensor clip_gradients_norm(torch::nn::Module&, torch::optim::Optimizer& optimizer, double max_norm,
-                                 double norm_type, bool error_if_nonfinite, Precision& precision) {
-    return detail::unscale_and_clip_norm(optimizer, max_norm, norm_type, error_if_nonfinite, precision);
-  }
-  template <class Precision>
-  void clip_gradients_value(torch::nn::Module&, torch::optim::Optimizer& optimizer, double clip_value,
-                            Precision& precision) {
-    detail::unscale_and_clip_value(optimizer, clip_value, precision);
+  NoSyncGuard no_backward_sync(torch::nn::Module&, bool enabled = true) {
+    return NoSyncGuard(enabled ? reducer_.get() : nullptr);
   }
 
   /// In place; also returned. mean of integer tensors truncates.
@@ -196,7 +181,7 @@ class BasicDDPStrategy {
       return parts;
     }
     const auto local = tensor.contiguous();
-    const auto dims = at::tensor(local.sizes().vec(), at::TensorOptions().dtype(at::kLong)).to(root_device_);
+    const auto dims = at::tensor(local.sizes().vec(), at::TensorOptions().dtype(at::kLong)).to(this->root_device());
     const auto all_dims = group().all_gather(dims);  // every rank's shape (same rank count of dims required)
     std::vector<std::int64_t> max_shape = local.sizes().vec();
     for (const auto& d : all_dims)
@@ -220,11 +205,11 @@ class BasicDDPStrategy {
   }
   /// A string from src to every rank.
   std::string broadcast(const std::string& text, int src = 0) {
-    auto size = at::scalar_tensor(static_cast<std::int64_t>(text.size()), at::kLong).to(root_device_);
+    auto size = at::scalar_tensor(static_cast<std::int64_t>(text.size()), at::kLong).to(this->root_device());
     group().broadcast(size, src);
     auto bytes = at::empty({size.template item<std::int64_t>()}, at::TensorOptions().dtype(at::kByte));
     if (global_rank() == src) std::memcpy(bytes.data_ptr(), text.data(), text.size());
-    auto on_device = bytes.to(root_device_);
+    auto on_device = bytes.to(this->root_device());
     group().broadcast(on_device, src);
     bytes = on_device.cpu();
     return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel()));
@@ -237,32 +222,16 @@ class BasicDDPStrategy {
   }
   void barrier(std::string_view /*name*/ = {}) { group().barrier(); }
   bool reduce_boolean_decision(bool decision, bool all = true) {
-    auto votes = at::scalar_tensor(decision ? 1 : 0, at::kLong).to(root_device_);
+    auto votes = at::scalar_tensor(decision ? 1 : 0, at::kLong).to(this->root_device());
     group().all_reduce(votes, ReduceOp::sum);
     const auto yes = votes.template item<std::int64_t>();
     return all ? yes == world_size() : yes > 0;
   }
 
-  StateDict get_optimizer_state(torch::optim::Optimizer& optimizer) {
-    return checkpoint::optimizer_state_dict(optimizer);
-  }
-  /// Only global rank 0 writes; then every rank waits for it.
-  void save_checkpoint(const std::string& path, const StateDict& state) {
-    if (is_global_zero()) checkpoint::save(path, state);
-    barrier("save_checkpoint");
-  }
-  StateDict load_checkpoint(const std::string& path) { return checkpoint::load(path); }
-  void load_module_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true) {
-    checkpoint::load_module_state_dict(module, state, strict);  // module names carry no wrapper prefix
-  }
-
-  c10::Device root_device() const { return root_device_; }
-  bool is_global_zero() const { return env_.rank == 0; }
   int global_rank() const { return env_.rank; }
   int local_rank() const { return env_.local_rank; }
   int node_rank() const { return env_.node_rank; }
   int world_size() const { return env_.world_size; }
-  distributed::BackendKind backend_kind() const { return kind_; }
   const distributed::GradientReducer* reducer() const { return reducer_.get(); }
   void teardown() {
     reducer_.reset();
@@ -275,10 +244,17 @@ class BasicDDPStrategy {
     return *group_;
   }
 
+  distributed::BackendKind backend_kind() const {
+    if constexpr (std::is_same_v<Backend, backend::NCCL>)
+      return distributed::BackendKind::nccl;
+    else if constexpr (std::is_same_v<Backend, backend::Gloo>)
+      return distributed::BackendKind::gloo;
+    else
+      return this->root_device().is_cuda() ? distributed::BackendKind::nccl : distributed::BackendKind::gloo;
+  }
+
   DDPOptions options_;
   distributed::ClusterEnvironment env_;
-  c10::Device root_device_{c10::kCPU};
-  distributed::BackendKind kind_ = distributed::BackendKind::gloo;
   std::unique_ptr<distributed::ProcessGroup> group_;
   std::unique_ptr<distributed::GradientReducer> reducer_;
 };

@@ -1,0 +1,155 @@
+#pragma once
+// The hooks fulgur calls on the module, in Lightning's names; each is optional and found with
+// `requires`, so an absent hook costs nothing. A hook is called with Lightning's arguments, or
+// with none; either form may add a trailing `fulgur::StepContext&` (to log, read the position or
+// request a stop):
+//
+//   void on_train_batch_end(const Output& outputs, const Batch& batch, std::int64_t batch_idx);
+//   void on_train_epoch_end(fulgur::StepContext& ctx);
+//   void on_fit_start();
+//
+// A member with a hook's name that cannot be called in any of these forms is a compile error
+// naming it (a misspelt hook name cannot be caught: docs/loops-and-hooks.md lists every name).
+// The loops call every hook through here, and callbacks will too: one place decides the order.
+#include <string_view>
+#include <utility>
+
+#include "fulgur/metrics.hpp"
+#include "fulgur/stage.hpp"
+#include "fulgur/step_context.hpp"
+
+namespace fulgur {
+
+/// What an evaluation step that returns nothing hands to on_validation_batch_end and friends
+/// (Lightning passes None).
+struct NoOutput {};
+
+}  // namespace fulgur
+
+namespace fulgur::hooks {
+
+/// What a hook call returns when the module does not define the hook.
+struct absent {};
+
+template <class R>
+inline constexpr bool is_absent = std::is_same_v<std::remove_cvref_t<R>, absent>;
+
+#define FULGUR_DETAIL_DEFINE_HOOK(hook_name, scope)                                                            \
+  struct hook_name##_t {                                                                                       \
+    static constexpr std::string_view name = #hook_name;                                                       \
+    static constexpr detail::LogScope log_scope = detail::LogScope::scope;                                     \
+    template <class M, class... Args>                                                                          \
+    static constexpr bool defined_for = requires(M& m, StepContext& ctx, Args&... args) {                      \
+      m.hook_name(args..., ctx);                                                                               \
+    } || requires(M& m, Args&... args) { m.hook_name(args...); } || requires(M& m, StepContext& ctx) {        \
+      m.hook_name(ctx);                                                                                        \
+    } || requires(M& m) { m.hook_name(); };                                                                    \
+    template <class M, class... Args>                                                                          \
+    static decltype(auto) call(M& m, StepContext& ctx, Args&&... args) {                                       \
+      if constexpr (requires { m.hook_name(args..., ctx); })                                                   \
+        return m.hook_name(args..., ctx);                                                                      \
+      else if constexpr (requires { m.hook_name(args...); })                                                   \
+        return m.hook_name(args...);                                                                           \
+      else if constexpr (sizeof...(Args) > 0 && requires { m.hook_name(ctx); })                                \
+        return m.hook_name(ctx);                                                                               \
+      else if constexpr (sizeof...(Args) > 0 && requires { m.hook_name(); })                                   \
+        return m.hook_name();                                                                                  \
+      else {                                                                                                   \
+        static_assert(!requires { &M::hook_name; },                                                            \
+                      "fulgur: the module's `" #hook_name "` cannot be called with Lightning's arguments for "   \
+                      "this hook (nor with none); docs/loops-and-hooks.md gives its signature.");              \
+        return absent{};                                                                                       \
+      }                                                                                                        \
+    }                                                                                                          \
+  };                                                                                                           \
+  inline constexpr hook_name##_t hook_name {}
+
+// The steps.
+FULGUR_DETAIL_DEFINE_HOOK(training_step, step);
+FULGUR_DETAIL_DEFINE_HOOK(validation_step, epoch);
+FULGUR_DETAIL_DEFINE_HOOK(test_step, epoch);
+FULGUR_DETAIL_DEFINE_HOOK(predict_step, none);
+// Set-up and tear-down.
+FULGUR_DETAIL_DEFINE_HOOK(prepare_data, none);
+FULGUR_DETAIL_DEFINE_HOOK(setup, none);
+FULGUR_DETAIL_DEFINE_HOOK(configure_model, none);
+FULGUR_DETAIL_DEFINE_HOOK(teardown, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_fit_start, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_fit_end, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_sanity_check_start, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_sanity_check_end, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_exception, none);
+// Training.
+FULGUR_DETAIL_DEFINE_HOOK(on_train_start, epoch_only);
+FULGUR_DETAIL_DEFINE_HOOK(on_train_end, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_train_epoch_start, epoch_only);
+FULGUR_DETAIL_DEFINE_HOOK(on_train_epoch_end, epoch_only);
+FULGUR_DETAIL_DEFINE_HOOK(on_train_batch_start, step);
+FULGUR_DETAIL_DEFINE_HOOK(on_train_batch_end, step);
+FULGUR_DETAIL_DEFINE_HOOK(on_before_zero_grad, step);
+FULGUR_DETAIL_DEFINE_HOOK(on_before_backward, step);
+FULGUR_DETAIL_DEFINE_HOOK(on_after_backward, step);
+FULGUR_DETAIL_DEFINE_HOOK(on_before_optimizer_step, step);
+// Moving a batch.
+FULGUR_DETAIL_DEFINE_HOOK(on_before_batch_transfer, none);
+FULGUR_DETAIL_DEFINE_HOOK(transfer_batch_to_device, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_after_batch_transfer, none);
+// Validation.
+FULGUR_DETAIL_DEFINE_HOOK(on_validation_model_zero_grad, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_validation_model_eval, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_validation_model_train, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_validation_start, epoch_only);
+FULGUR_DETAIL_DEFINE_HOOK(on_validation_end, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_validation_epoch_start, epoch_only);
+FULGUR_DETAIL_DEFINE_HOOK(on_validation_epoch_end, epoch_only);
+FULGUR_DETAIL_DEFINE_HOOK(on_validation_batch_start, epoch);
+FULGUR_DETAIL_DEFINE_HOOK(on_validation_batch_end, epoch);
+// Testing.
+FULGUR_DETAIL_DEFINE_HOOK(on_test_model_eval, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_test_model_train, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_test_start, epoch_only);
+FULGUR_DETAIL_DEFINE_HOOK(on_test_end, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_test_epoch_start, epoch_only);
+FULGUR_DETAIL_DEFINE_HOOK(on_test_epoch_end, epoch_only);
+FULGUR_DETAIL_DEFINE_HOOK(on_test_batch_start, epoch);
+FULGUR_DETAIL_DEFINE_HOOK(on_test_batch_end, epoch);
+// Prediction.
+FULGUR_DETAIL_DEFINE_HOOK(on_predict_model_eval, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_predict_start, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_predict_end, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_predict_epoch_start, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_predict_epoch_end, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_predict_batch_start, none);
+FULGUR_DETAIL_DEFINE_HOOK(on_predict_batch_end, none);
+
+#undef FULGUR_DETAIL_DEFINE_HOOK
+
+/// Whether Module defines the hook (tag type Hook, e.g. hooks::on_fit_start_t) for arguments of
+/// these types (each passed as an lvalue of that type).
+template <class Module, class Hook, class... Args>
+inline constexpr bool defines = Hook::template defined_for<Module, Args...>;
+
+/// Calls hooks on one module: sets the logging scope, then calls the hook if it is defined.
+template <class Module>
+class HookCaller {
+ public:
+  HookCaller(Module& module, StepContext& ctx) : module_(module), ctx_(ctx) {}
+
+  template <class Hook, class... Args>
+  decltype(auto) operator()(Hook, Args&&... args) {
+    if constexpr (Hook::template defined_for<Module, std::remove_reference_t<Args>...>) {
+      ctx_.enter(Hook::name, Hook::log_scope);
+      return Hook::call(module_, ctx_, std::forward<Args>(args)...);
+    } else {
+      return Hook::call(module_, ctx_, std::forward<Args>(args)...);  // absent (or a signature error)
+    }
+  }
+  Module& module() { return module_; }
+  StepContext& ctx() { return ctx_; }
+
+ private:
+  Module& module_;
+  StepContext& ctx_;
+};
+
+}  // namespace fulgur::hooks

@@ -1,0 +1,204 @@
+#pragma once
+// What the loops share: the batch type of a loader, the loss in a step's output, a batch's way to
+// the device (with the transfer hooks), and errors that name where a step failed. Everything here
+// reaches the policies only through the Trainer's Fabric-level verbs (`fabric.*`).
+#include <ATen/ATen.h>
+#include <torch/data/example.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <memory>
+#include <vector>
+
+#include "fulgur/data/apply.hpp"
+#include "fulgur/data/batch.hpp"
+#include "fulgur/detail/describe.hpp"
+#include "fulgur/errors.hpp"
+#include "fulgur/hooks.hpp"
+#include "fulgur/step_context.hpp"
+#include "fulgur/trainer_config.hpp"
+
+namespace fulgur::loops {
+
+/// fit without validation data.
+struct NoData {};
+
+template <class Data>
+using batch_of_t = std::remove_cvref_t<decltype(*std::begin(std::declval<Data&>()))>;
+
+/// The number of batches a loader yields, when it can tell (TensorLoader, std::vector, ...).
+template <class Data>
+std::optional<std::int64_t> sized_length(Data& data) {
+  if constexpr (requires { data.size(); })
+    return static_cast<std::int64_t>(data.size());
+  else
+    return std::nullopt;
+}
+
+/// A number as a person writes it: 0.1, 0.125, 8.
+inline std::string number_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
+/// How many batches of a loader to run: Lightning's limit rule (an unknown length: the count, or
+/// -1 for all); a fraction of an unknown length other than 1.0 is an error naming the field.
+template <class Data>
+std::int64_t batch_limit(Data& data, const BatchAmount& limit, const char* field) {
+  const auto length = sized_length(data);
+  if (length) {
+    const std::int64_t n = limit.of(*length);
+    if (n == 0 && limit.is_fraction() && limit.fraction() > 0.0 && *length > 0)
+      throw MisconfigurationError("You requested to check " + number_text(limit.fraction()) + " of the data but " +
+                                  number_text(limit.fraction()) + " * " + std::to_string(*length) +
+                                  " < 1. Please increase the `" + field + "` argument. Try at least `" + field + "=" +
+                                  number_text(1.0 / static_cast<double>(*length)) + "`.");
+    return n;
+  }
+  if (limit.is_all()) return -1;
+  if (limit.is_fraction())
+    throw MisconfigurationError(std::string("The loader cannot tell its length, so `") + field +
+                                "` must be 1.0 or a number of batches (an int), got the fraction " +
+                                number_text(limit.fraction()) + ".");
+  return limit.count();
+}
+
+/// A loader that can tell it is empty, while its limit asks for batches: a DataError naming it.
+template <class Data>
+void require_batches(Data& data, const BatchAmount& limit, std::string_view what, std::string_view advice) {
+  if (sized_length(data) != 0 || limit.is_zero()) return;
+  std::string text = "fulgur: the " + std::string(what) + " data yielded no batches";
+  if constexpr (requires { data.describe(); }) text += " (" + data.describe() + ")";
+  throw DataError(text + "; " + std::string(advice));
+}
+
+/// The loss in a step's output: the tensor itself, or its `loss` member; none for other outputs.
+template <class Output>
+at::Tensor loss_of(const Output& output) {
+  if constexpr (std::is_convertible_v<Output, at::Tensor>)
+    return output;
+  else if constexpr (requires { { output.loss } -> std::convertible_to<at::Tensor>; })
+    return output.loss;
+  else
+    return {};
+}
+template <class Output>
+inline constexpr bool has_loss = std::is_convertible_v<Output, at::Tensor> || requires(const Output& o) {
+  { o.loss } -> std::convertible_to<at::Tensor>;
+};
+
+inline std::string position_text(std::string_view step, std::int64_t epoch, std::int64_t batch_idx,
+                                 std::int64_t global_step) {
+  return std::string(step) + " at epoch " + std::to_string(epoch) + ", batch " + std::to_string(batch_idx) +
+         " (global_step " + std::to_string(global_step) + ")";
+}
+
+inline std::string parameters_text(torch::nn::Module& module) {
+  for (const auto& p : module.parameters())
+    return "the module's parameters are " + detail::dtype_name(p.scalar_type()) + " on " + p.device().str();
+  return "the module has no parameters";
+}
+
+/// The StepError for a step that LibTorch refused: where, why, the batch and the model.
+template <class Batch>
+StepError step_failure(std::string_view step, const StepContext& ctx, std::string_view precision,
+                       const c10::Error& error, const Batch& batch, torch::nn::Module& module) {
+  return StepError("fulgur: " + position_text(step, ctx.current_epoch, ctx.batch_idx, ctx.global_step) +
+                   " failed under precision '" + std::string(precision) + "': " +
+                   detail::first_line(error.what_without_backtrace()) + "\n  batch: " + detail::describe_batch(batch) +
+                   "\n  " + parameters_text(module) + ". Make the batch's dtype, shape and device match what the model "
+                   "expects.");
+}
+
+/// The model's inputs in the precision's dtype; targets are left as they are, so a regression
+/// target is never rounded to half precision (Batch.input / Example.data; every tensor otherwise).
+template <class Fabric, class Batch>
+auto convert_model_inputs(Fabric& fabric, const Batch& batch) {
+  if constexpr (std::is_same_v<Batch, data::Batch>)
+    return data::Batch{at::Tensor(fabric.convert_input(batch.input)), batch.target};
+  else if constexpr (requires { batch.data; batch.target; typename Batch::DataType; })
+    return Batch{fabric.convert_input(batch.data), batch.target};
+  else
+    return fabric.convert_input(batch);
+}
+
+/// A batch on its way to the step: on_before_batch_transfer, the move to the device (the
+/// module's transfer_batch_to_device if it has one), on_after_batch_transfer, then the model
+/// inputs converted to the precision. A batch that cannot get there is a StepError naming it.
+template <class Fabric, class Module, class Batch>
+auto prepare_batch(Fabric& fabric, hooks::HookCaller<Module>& hook, const Batch& raw, std::string_view step) {
+  const StepContext& ctx = hook.ctx();
+  try {
+    decltype(auto) before = [&]() -> decltype(auto) {
+      if constexpr (hooks::defines<Module, hooks::on_before_batch_transfer_t, const Batch, const std::int64_t>)
+        return Batch(hook(hooks::on_before_batch_transfer, raw, std::int64_t{0}));
+      else
+        return (raw);
+    }();
+    auto moved = [&] {
+      if constexpr (hooks::defines<Module, hooks::transfer_batch_to_device_t, const Batch, const c10::Device,
+                                   const std::int64_t>)
+        return Batch(hook(hooks::transfer_batch_to_device, before, fabric.device(), std::int64_t{0}));
+      else
+        return fabric.batch_to_device(before);
+    }();
+    if constexpr (hooks::defines<Module, hooks::on_after_batch_transfer_t, decltype(moved), const std::int64_t>)
+      moved = decltype(moved)(hook(hooks::on_after_batch_transfer, moved, std::int64_t{0}));
+    return convert_model_inputs(fabric, moved);
+  } catch (const c10::Error& e) {
+    throw StepError("fulgur: moving the batch of " +
+                    position_text(step, ctx.current_epoch, ctx.batch_idx, ctx.global_step) + " to " +
+                    fabric.device().str() + " failed: " + detail::first_line(e.what_without_backtrace()) +
+                    "\n  batch: " + detail::describe_batch(raw) +
+                    ". Give the loader tensors on the CPU (or on the training device).");
+  }
+}
+
+/// The set-up every stage starts with, in Lightning's order: prepare_data (on each node's local
+/// rank 0, then every rank waits), setup(stage), configure_model (in init_module's context, so
+/// what it creates lands on the device in the precision's dtype).
+template <class Fabric, class Module>
+void run_setup_hooks(Fabric& fabric, hooks::HookCaller<Module>& hook, Stage stage) {
+  if constexpr (hooks::defines<Module, hooks::prepare_data_t>) {
+    if (fabric.local_rank() == 0) hook(hooks::prepare_data);
+    fabric.barrier("prepare_data");
+  }
+  hook(hooks::setup, stage);
+  if constexpr (hooks::defines<Module, hooks::configure_model_t>) {
+    auto on_device = fabric.init_module();
+    hook(hooks::configure_model);
+  }
+}
+
+inline std::string fixed(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4f", v);
+  return text;
+}
+
+/// Each submodule's train/eval mode, captured before evaluation and restored after it (Lightning's
+/// _ModuleMode), unless the module restores it itself (on_validation_model_train).
+class ModuleModes {
+ public:
+  explicit ModuleModes(torch::nn::Module& module) : root_(module), root_training_(module.is_training()) {
+    for (const auto& m : module.modules(/*include_self=*/false)) modes_.emplace_back(m, m->is_training());
+  }
+  void restore() {
+    root_.train(root_training_);  // train() reaches every child; children's own modes follow, in pre-order
+    for (auto& [m, training] : modes_) m->train(training);
+  }
+
+ private:
+  torch::nn::Module& root_;
+  bool root_training_;
+  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes_;
+};
+
+}  // namespace fulgur::loops

@@ -1,0 +1,253 @@
+#pragma once
+// One training batch's optimization, automatic or manual (Lightning's _AutomaticOptimization and
+// _ManualOptimization), and the learning-rate schedulers that follow the optimizer steps.
+//
+// Automatic, per batch, in Lightning's order:
+//   training_step (in the precision's forward context)
+//   on the first batch of an accumulation window: on_before_zero_grad, optimizer.zero_grad()
+//   on_before_backward(loss / accumulate), backward (no gradient sync on accumulating batches),
+//   on_after_backward
+//   on a stepping batch: unscale (hooks see true gradients), on_before_optimizer_step, clipping,
+//   the optimizer step through strategy and precision (false: the loss scaler skipped it)
+//
+// Manual: the whole training_step runs in the forward context and drives backward and the steps
+// through StepContext (manual_backward, optimizers()[i].step()); each step counts toward
+// global_step, as in Lightning.
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fulgur/compatibility.hpp"
+#include "fulgur/errors.hpp"
+#include "fulgur/hooks.hpp"
+#include "fulgur/loops/common.hpp"
+#include "fulgur/loops/step.hpp"
+#include "fulgur/metrics.hpp"
+#include "fulgur/optimization.hpp"
+#include "fulgur/trainer_config.hpp"
+
+namespace fulgur::loops {
+
+/// Where fit is: what the loops count and what ends them.
+struct FitProgress {
+  std::int64_t global_step = 0;           ///< optimizer steps, skipped ones included (Lightning's count)
+  std::int64_t total_batch_idx = 0;       ///< batches across epochs
+  std::int64_t batches_that_stepped = 0;  ///< Lightning's logging step
+  std::int64_t epochs_done = 0;
+  std::int64_t stepped_in_epoch = 0;      ///< optimizer steps that really ran this epoch
+  std::int64_t skipped_in_epoch = 0;
+  std::int64_t skipped_in_a_row = 0;
+  std::string stop_reason{};
+};
+
+/// Whether a stop request may end the run now (Lightning's _can_stop_early).
+inline bool can_stop_early(const FitProgress& progress, const TrainerConfig& config) {
+  return progress.epochs_done >= config.min_epochs && progress.global_step >= config.min_steps;
+}
+
+/// Counts an optimizer step; a loss scaler that skipped max_consecutive_skipped_steps in a row is
+/// an error (the loss or its gradients are not finite, and nothing is learnt any more).
+inline void count_optimizer_step(FitProgress& progress, bool ran, const TrainerConfig& config, const StepContext& ctx,
+                                 std::string_view precision) {
+  ++progress.global_step;
+  if (ran) {
+    ++progress.stepped_in_epoch;
+    progress.skipped_in_a_row = 0;
+    return;
+  }
+  ++progress.skipped_in_epoch;
+  ++progress.skipped_in_a_row;
+  const std::int64_t limit = config.max_consecutive_skipped_steps;
+  if (limit > 0 && progress.skipped_in_a_row >= limit)
+    throw NonFiniteLossError(
+        "fulgur: the loss scaler skipped " + std::to_string(progress.skipped_in_a_row) + " optimizer steps in a row " +
+        "(inf/NaN gradients every time), the last at " +
+        position_text("training_step", ctx.current_epoch, ctx.batch_idx, ctx.global_step) + " under precision '" +
+        std::string(precision) + "': the loss or its gradients are not finite, and the model no longer learns. Check "
+        "the data for NaN/inf, lower the learning rate, clip gradients (TrainerConfig::gradient_clip_val), or raise "
+        "TrainerConfig::max_consecutive_skipped_steps (0: never stop).");
+}
+
+/// What one batch's optimization gives back.
+template <class Output>
+struct BatchOutcome {
+  Output output;
+  at::Tensor loss;         ///< the step's loss as returned (undefined if it returned none)
+  bool stepped = false;    ///< an optimizer step was taken (or skipped by the scaler)
+  bool step_ran = false;   ///< ... and really changed the parameters
+};
+
+template <class Fabric, class Module>
+class AutomaticOptimization {
+ public:
+  AutomaticOptimization(Fabric& fabric, hooks::HookCaller<Module>& hook, const TrainerConfig& config,
+                        torch::optim::Optimizer& optimizer, FitProgress& progress)
+      : fabric_(fabric), hook_(hook), config_(config), optimizer_(optimizer), progress_(progress) {}
+
+  /// step_now: this batch ends an accumulation window (or the epoch); first: it starts one.
+  template <class Batch>
+  auto run(const Batch& batch, bool step_now, bool first) {
+    auto output = run_step(fabric_, hook_, hooks::training_step, batch);
+    BatchOutcome<decltype(output)> outcome{std::move(output), {}, step_now, false};
+    outcome.loss = checked_loss(loss_of(outcome.output));
+    if (first) {
+      hook_(hooks::on_before_zero_grad, optimizer_);
+      optimizer_.zero_grad();
+    }
+    const std::int64_t accumulate = config_.accumulate_grad_batches;
+    const at::Tensor loss = accumulate > 1 ? outcome.loss / static_cast<double>(accumulate) : outcome.loss;
+    hook_(hooks::on_before_backward, loss);
+    try {
+      auto local_only = fabric_.no_backward_sync(hook_.module(), !step_now);  // micro-batches: no communication
+      fabric_.backward(loss, hook_.module());
+    } catch (const c10::Error& e) {
+      throw step_failure("training_step", hook_.ctx(), Fabric::precision_type::name, e, batch, hook_.module());
+    }
+    hook_(hooks::on_after_backward);
+    if (step_now) outcome.step_ran = step();
+    return outcome;
+  }
+
+ private:
+  at::Tensor checked_loss(const at::Tensor& loss) const {
+    if (loss.defined() && loss.numel() == 1) return loss;
+    const StepContext& ctx = hook_.ctx();
+    throw StepError("fulgur: " + position_text("training_step", ctx.current_epoch, ctx.batch_idx, ctx.global_step) +
+                    " returned " + (loss.defined() ? detail::describe_tensor(loss) : "an undefined tensor") +
+                    "; return the scalar loss (reduce it with .mean() or .sum()).");
+  }
+
+  bool step() {
+    fabric_.unscale_gradients(optimizer_);
+    hook_(hooks::on_before_optimizer_step, optimizer_);
+    if (config_.gradient_clip_val && *config_.gradient_clip_val > 0.0) {
+      ClipGradients clip{.error_if_nonfinite = false};
+      (config_.gradient_clip_algorithm == GradientClipAlgorithm::norm ? clip.max_norm : clip.clip_val) =
+          *config_.gradient_clip_val;
+      fabric_.clip_gradients(hook_.module(), optimizer_, clip);
+    }
+    const bool ran = fabric_.optimizer_step(optimizer_);
+    count_optimizer_step(progress_, ran, config_, hook_.ctx(), Fabric::precision_type::name);
+    return ran;
+  }
+
+  Fabric& fabric_;
+  hooks::HookCaller<Module>& hook_;
+  const TrainerConfig& config_;
+  torch::optim::Optimizer& optimizer_;
+  FitProgress& progress_;
+};
+
+template <class Fabric, class Module>
+class ManualOptimization {
+ public:
+  ManualOptimization(Fabric& fabric, hooks::HookCaller<Module>& hook, const TrainerConfig& config,
+                     std::vector<OptimizerConfig>& optimizers, FitProgress& progress)
+      : fabric_(fabric), hook_(hook), config_(config), optimizers_(optimizers), progress_(progress) {
+    ops_ = {this, &ManualOptimization::backward, &ManualOptimization::step, &ManualOptimization::clip};
+    std::vector<ManualOptimizer> handles;
+    std::vector<AnyLRScheduler*> schedulers;
+    for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+      handles.emplace_back(*optimizers_[i].optimizer, i, ops_);
+      schedulers.push_back(&optimizers_[i].lr_scheduler);
+    }
+    hook_.ctx().attach_manual(&ops_, std::move(handles), std::move(schedulers));
+  }
+  ManualOptimization(const ManualOptimization&) = delete;  // ops_ points at this object
+  ManualOptimization& operator=(const ManualOptimization&) = delete;
+
+  template <class Batch>
+  auto run(const Batch& batch, bool /*step_now*/, bool /*first*/) {
+    const std::int64_t ran_before = progress_.stepped_in_epoch;
+    auto output = run_step(fabric_, hook_, hooks::training_step, batch);
+    BatchOutcome<decltype(output)> outcome{std::move(output), {}, false, false};
+    if constexpr (has_loss<decltype(outcome.output)>) outcome.loss = loss_of(outcome.output);
+    outcome.stepped = true;  // nothing accumulates under manual optimization (Lightning's rule)
+    outcome.step_ran = progress_.stepped_in_epoch > ran_before;
+    return outcome;
+  }
+
+ private:
+  static void backward(void* self, const at::Tensor& loss) {
+    auto& loop = *static_cast<ManualOptimization*>(self);
+    loop.hook_(hooks::on_before_backward, loss);
+    loop.fabric_.backward(loss, loop.hook_.module());
+    loop.hook_(hooks::on_after_backward);
+  }
+  static bool step(void* self, std::size_t index) {
+    auto& loop = *static_cast<ManualOptimization*>(self);
+    torch::optim::Optimizer& optimizer = *loop.optimizers_[index].optimizer;
+    loop.fabric_.unscale_gradients(optimizer);
+    loop.hook_(hooks::on_before_optimizer_step, optimizer);
+    const bool ran = loop.fabric_.optimizer_step(optimizer);
+    count_optimizer_step(loop.progress_, ran, loop.config_, loop.hook_.ctx(), Fabric::precision_type::name);
+    loop.hook_.ctx().global_step = loop.progress_.global_step;
+    return ran;
+  }
+  static at::Tensor clip(void* self, std::size_t index, const ClipGradients& clip) {
+    auto& loop = *static_cast<ManualOptimization*>(self);
+    return loop.fabric_.clip_gradients(loop.hook_.module(), *loop.optimizers_[index].optimizer, clip);
+  }
+
+  Fabric& fabric_;
+  hooks::HookCaller<Module>& hook_;
+  const TrainerConfig& config_;
+  std::vector<OptimizerConfig>& optimizers_;
+  FitProgress& progress_;
+  detail::ManualOptimizationOps ops_{};
+};
+
+/// The schedulers of configure_optimizers, stepped as Lightning steps them (update_lr_schedulers),
+/// with one difference: a step the loss scaler skipped leaves the learning rate alone (Lightning
+/// issues 5558, 16228). Under manual optimization the module steps them itself.
+class Schedulers {
+ public:
+  Schedulers(std::vector<OptimizerConfig>& configs, bool automatic) : configs_(configs), automatic_(automatic) {}
+
+  /// After a batch whose optimizer step ran: step-interval schedulers (batch_idx counts from 0).
+  void after_step(std::int64_t batch_idx, const detail::TensorMap& metrics, bool plateau) {
+    update(SchedulerInterval::step, batch_idx + 1, metrics, plateau);
+  }
+  /// At an epoch's end (only if some step ran in it): epoch-interval schedulers.
+  void after_epoch(std::int64_t epoch, const detail::TensorMap& metrics, bool plateau) {
+    update(SchedulerInterval::epoch, epoch + 1, metrics, plateau);
+  }
+  std::vector<std::string> take_warnings() { return std::move(warnings_); }
+
+ private:
+  void update(SchedulerInterval interval, std::int64_t count, const detail::TensorMap& metrics, bool plateau) {
+    if (!automatic_) return;
+    for (auto& config : configs_) {
+      AnyLRScheduler& scheduler = config.lr_scheduler;
+      if (!scheduler || scheduler.reduce_on_plateau() != plateau || config.interval != interval ||
+          count % config.frequency != 0)
+        continue;
+      if (!plateau) {
+        scheduler.step();
+        continue;
+      }
+      if (const at::Tensor* value = metrics.find(config.monitor)) {
+        scheduler.step(value->template item<double>());
+      } else if (config.strict) {
+        std::string available;
+        for (const auto& [name, tensor] : metrics) available += (available.empty() ? "'" : ", '") + name + "'";
+        throw MisconfigurationError("ReduceLROnPlateau conditioned on metric " + config.monitor +
+                                    " which is not available. Available metrics are: [" + available +
+                                    "]. Condition can be set using `monitor` key in lr scheduler dict");
+      } else {
+        warnings_.push_back("ReduceLROnPlateau conditioned on metric " + config.monitor +
+                            " which is not available but strict is set to `False`. Skipping learning rate update.");
+      }
+    }
+  }
+
+  std::vector<OptimizerConfig>& configs_;
+  bool automatic_;
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace fulgur::loops

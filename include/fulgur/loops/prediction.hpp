@@ -1,0 +1,104 @@
+#pragma once
+// The prediction loop (Lightning's Trainer.predict), in Lightning's order:
+//
+//   on_predict_model_eval (default: module.eval()), on_predict_start, on_predict_epoch_start
+//   per batch: transfer hooks, on_predict_batch_start, predict_step, on_predict_batch_end
+//   on_predict_epoch_end, on_predict_end
+//
+// In inference mode. Each prediction is converted back to the default dtype by the precision
+// (fp32 under '16-true' or 'bf16-mixed') and moved to the CPU, and they are returned in the
+// order of the batches. Under DDP each rank returns the predictions of its own shard, as
+// Lightning's predict does.
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "fulgur/data/apply.hpp"
+#include "fulgur/hooks.hpp"
+#include "fulgur/loops/common.hpp"
+#include "fulgur/loops/step.hpp"
+
+namespace fulgur::loops {
+
+template <class Fabric, class Module, class Data>
+class PredictionLoop {
+  using Output = step_output_t<Fabric, Module, hooks::predict_step_t,
+                               decltype(prepare_batch(std::declval<Fabric&>(), std::declval<hooks::HookCaller<Module>&>(),
+                                                      std::declval<const batch_of_t<Data>&>(), ""))>;
+
+ public:
+  PredictionLoop(Fabric& fabric, hooks::HookCaller<Module>& hook, Data& data) : fabric_(fabric), hook_(hook), data_(data) {}
+
+  /// At most max_batches batches (-1: all of them).
+  auto run(std::int64_t max_batches) {
+    static_assert(!std::is_same_v<Output, NoOutput>,
+                  "fulgur: predict_step returns nothing; return the prediction (a tensor, or tensors in a struct "
+                  "map_tensors can walk).");
+    std::vector<decltype(to_cpu(std::declval<const Output&>()))> predictions;
+    c10::InferenceMode inference;
+    ModuleModes modes(hook_.module());
+    if constexpr (hooks::is_absent<decltype(hook_(hooks::on_predict_model_eval))>)
+      hook_.module().eval();
+    else
+      hook_(hooks::on_predict_model_eval);
+    hook_(hooks::on_predict_start);
+    hook_(hooks::on_predict_epoch_start);
+    std::int64_t batch_idx = 0;
+    if (max_batches != 0)
+      for (auto&& raw : data_) {
+        predictions.push_back(run_batch(raw, batch_idx++));
+        if (max_batches >= 0 && batch_idx >= max_batches) break;
+      }
+    hook_(hooks::on_predict_epoch_end);
+    hook_(hooks::on_predict_end);
+    modes.restore();
+    return predictions;
+  }
+
+ private:
+  template <class RawBatch>
+  auto run_batch(const RawBatch& raw, std::int64_t batch_idx) {
+    hook_.ctx().batch_idx = batch_idx;
+    const auto batch = prepare_batch(fabric_, hook_, raw, "predict_step");
+    hook_(hooks::on_predict_batch_start, batch, batch_idx);
+    auto prediction = to_cpu(run_step(fabric_, hook_, hooks::predict_step, batch));
+    hook_(hooks::on_predict_batch_end, prediction, batch, batch_idx);
+    return prediction;
+  }
+
+  auto to_cpu(const Output& output) {
+    return data::map_tensors(fabric_.convert_output(output), [](const at::Tensor& t) { return t.defined() ? t.cpu() : t; });
+  }
+
+  Fabric& fabric_;
+  hooks::HookCaller<Module>& hook_;
+  Data& data_;
+};
+
+/// Trainer::predict: setup("predict"), configure_model, the module set up for evaluation, the
+/// loop, teardown("predict"); on_exception on the way out of an error.
+template <class Fabric, class Module, class Data>
+auto predict(Fabric& fabric, Module& module, Data& data) {
+  StepContext ctx;
+  ctx.stage = Stage::predict;
+  ctx.global_rank = fabric.global_rank();
+  ctx.world_size = fabric.world_size();
+  hooks::HookCaller<Module> hook(module, ctx);
+  try {
+    run_setup_hooks(fabric, hook, Stage::predict);
+    fabric.setup_module(module, ModuleSetup::evaluation);
+    auto&& loader = fabric.setup_dataloader(data);
+    PredictionLoop<Fabric, Module, std::remove_reference_t<decltype(loader)>> loop(fabric, hook, loader);
+    auto predictions = loop.run(batch_limit(loader, fabric.config().limit_predict_batches, "limit_predict_batches"));
+    hook(hooks::teardown, Stage::predict);
+    return predictions;
+  } catch (const std::exception& e) {
+    hook(hooks::on_exception, e);
+    throw;
+  }
+}
+
+}  // namespace fulgur::loops

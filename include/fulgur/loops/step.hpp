@@ -1,0 +1,35 @@
+#pragma once
+// One call of a step (training_step, validation_step, test_step, predict_step) inside the
+// precision's forward context, a LibTorch error turned into a StepError that names the step,
+// the position, the batch and the model.
+#include <ATen/ATen.h>
+
+#include <type_traits>
+
+#include "fulgur/hooks.hpp"
+#include "fulgur/loops/common.hpp"
+
+namespace fulgur::loops {
+
+template <class Fabric, class Module, class Step, class Batch>
+auto run_step(Fabric& fabric, hooks::HookCaller<Module>& hook, Step step, const Batch& batch) {
+  StepContext& ctx = hook.ctx();
+  try {
+    auto precision_context = fabric.forward_context();
+    if constexpr (std::is_void_v<decltype(hook(step, batch, ctx.batch_idx))>) {
+      hook(step, batch, ctx.batch_idx);
+      return NoOutput{};
+    } else {
+      return hook(step, batch, ctx.batch_idx);
+    }
+  } catch (const c10::Error& e) {
+    throw step_failure(Step::name, ctx, Fabric::precision_type::name, e, batch, hook.module());
+  }
+}
+
+/// The step's output type for batches of type Batch.
+template <class Fabric, class Module, class Step, class Batch>
+using step_output_t = decltype(run_step(std::declval<Fabric&>(), std::declval<hooks::HookCaller<Module>&>(),
+                                        std::declval<Step>(), std::declval<const Batch&>()));
+
+}  // namespace fulgur::loops

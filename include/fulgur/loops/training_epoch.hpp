@@ -1,0 +1,233 @@
+#pragma once
+// The training epoch loop: the batches of one epoch, and validation where val_check_interval puts
+// it (Lightning's _TrainingEpochLoop). Per batch, in Lightning's order:
+//
+//   transfer hooks; on_train_batch_start (returning -1 ends the epoch here)
+//   the optimization (optimization.hpp); step-interval schedulers after a step that ran;
+//   epoch-interval schedulers after the epoch's last batch
+//   on_train_batch_end(output, batch, batch_idx)
+//   validation, if this batch is a val check (on_validation_model_zero_grad first, unless accumulating)
+//   ReduceLROnPlateau schedulers of step interval
+//
+// The loss reaches the host only on log steps, the epoch's last batch, the run's last batch, or
+// every step with FiniteLossCheck::every_step.
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fulgur/compatibility.hpp"
+#include "fulgur/data/apply.hpp"
+#include "fulgur/errors.hpp"
+#include "fulgur/hooks.hpp"
+#include "fulgur/loops/common.hpp"
+#include "fulgur/loops/evaluation.hpp"
+#include "fulgur/loops/optimization.hpp"
+#include "fulgur/metrics.hpp"
+#include "fulgur/results.hpp"
+
+namespace fulgur::loops {
+
+/// When fit validates, from val_check_interval, check_val_every_n_epoch and the loaders' lengths.
+struct ValidationSchedule {
+  bool enabled = false;            ///< validation data, a validation_step, and batches to run
+  std::int64_t batches = -1;       ///< validation batches per run (-1: all)
+  std::int64_t check_batch = -1;   ///< validate after every check_batch training batches (-1: at the epoch's end)
+  std::optional<std::int64_t> every_n_epochs{};
+};
+
+template <class Fabric, class Module, class TrainData, class Optimization, class ValLoop>
+class TrainingEpochLoop {
+ public:
+  struct Parts {
+    Fabric& fabric;
+    hooks::HookCaller<Module>& hook;
+    TrainData& data;
+    Optimization& optimization;
+    Schedulers& schedulers;
+    FitProgress& progress;
+    detail::MetricCollection& metrics;
+    detail::MetricViews& views;
+    std::vector<std::string>& warnings;
+    ValLoop* validation;  // null without validation data
+  };
+
+  TrainingEpochLoop(Parts parts, std::int64_t max_batches, ValidationSchedule schedule)
+      : p_(parts), config_(parts.fabric.config()), max_batches_(max_batches), schedule_(schedule) {}
+
+  /// One epoch; fills the summary's train_loss and val_loss. Returns whether the epoch ran to its
+  /// end (its last batch, or on_train_batch_start's -1) rather than stopping the run.
+  bool run(EpochSummary& summary, std::chrono::steady_clock::time_point fit_start) {
+    fit_start_ = fit_start;
+    summary_ = &summary;
+    auto it = std::begin(p_.data);
+    auto end = std::end(p_.data);
+    std::optional<batch_of_t<TrainData>> current;
+    if (max_batches_ != 0 && it != end) {
+      current.emplace(*it);
+      ++it;
+    }
+    std::int64_t batch_idx = 0;
+    BatchEnd ended = BatchEnd::go_on;
+    while (current) {  // one batch of look-ahead tells the epoch's last batch (accumulation flushes there)
+      const bool is_last = it == end || (max_batches_ >= 0 && batch_idx + 1 >= max_batches_);
+      ended = run_batch(*current, batch_idx++, is_last);
+      if (ended != BatchEnd::go_on) break;
+      current.emplace(*it);
+      ++it;
+    }
+    if (batch_idx == 0) {
+      std::string what = "fulgur: the training data yielded no batches in epoch " + std::to_string(summary.epoch);
+      if constexpr (requires { p_.data.describe(); }) what += " (" + p_.data.describe() + ")";
+      throw DataError(what + "; give it samples (with drop_last, at least batch_size of them), or check "
+                             "limit_train_batches.");
+    }
+    return ended != BatchEnd::stop_run;
+  }
+
+ private:
+  enum class BatchEnd { go_on, end_of_epoch, stop_run };
+
+  template <class RawBatch>
+  BatchEnd run_batch(const RawBatch& raw, std::int64_t batch_idx, bool is_last) {
+    StepContext& ctx = p_.hook.ctx();
+    ctx.batch_idx = batch_idx;
+    const std::int64_t step_at_batch = ctx.global_step = p_.progress.global_step;
+    const auto batch = prepare_batch(p_.fabric, p_.hook, raw, "training_step");
+    p_.metrics.set_batch_size(data::extract_batch_size(batch));
+    if (ends_epoch(p_.hook(hooks::on_train_batch_start, batch, batch_idx))) {
+      step_epoch_schedulers();  // Lightning: the epoch ends here, as at its last batch
+      return BatchEnd::end_of_epoch;
+    }
+    const std::int64_t accumulate = config_.accumulate_grad_batches;
+    const bool step_now = (batch_idx + 1) % accumulate == 0 || is_last;
+    auto outcome = p_.optimization.run(batch, step_now, batch_idx % accumulate == 0);
+    ctx.global_step = p_.progress.global_step;
+    if (outcome.step_ran) p_.schedulers.after_step(batch_idx, p_.views.callback, /*plateau=*/false);
+    if (is_last) step_epoch_schedulers();
+    p_.hook(hooks::on_train_batch_end, outcome.output, batch, batch_idx);
+    p_.metrics.sync_step_values(all_reduce());
+    p_.metrics.publish_step(p_.views);
+    ++p_.progress.total_batch_idx;
+    const bool stop = stop_requested();
+    read_loss(outcome, is_last || stop, step_at_batch);
+    if (should_validate(is_last)) validate(outcome.stepped);
+    if (outcome.step_ran) p_.schedulers.after_step(batch_idx, p_.views.callback, /*plateau=*/true);
+    if (outcome.stepped) ++p_.progress.batches_that_stepped;
+    return stop ? BatchEnd::stop_run : is_last ? BatchEnd::end_of_epoch : BatchEnd::go_on;
+  }
+
+  template <class Response>
+  static bool ends_epoch(const Response& response) {
+    if constexpr (std::is_convertible_v<Response, std::int64_t> && !std::is_same_v<Response, bool>)
+      return static_cast<std::int64_t>(response) == -1;
+    else
+      return false;
+  }
+
+  void step_epoch_schedulers() {
+    if (p_.progress.stepped_in_epoch > 0)
+      p_.schedulers.after_epoch(p_.hook.ctx().current_epoch, p_.views.callback, /*plateau=*/false);
+  }
+
+  /// Whether the run ends after this batch: max_steps, max_time, or a stop request once
+  /// min_epochs/min_steps are met.
+  bool stop_requested() {
+    StepContext& ctx = p_.hook.ctx();
+    FitProgress& progress = p_.progress;
+    if (config_.max_steps >= 0 && progress.global_step >= config_.max_steps) {
+      progress.stop_reason = "max_steps=" + std::to_string(config_.max_steps) + " reached";
+      return true;
+    }
+    if (config_.max_time && !ctx.should_stop) {
+      const bool up = std::chrono::steady_clock::now() - fit_start_ >= *config_.max_time;
+      if (p_.fabric.reduce_boolean_decision(up, /*all=*/false)) {  // every rank stops at the same batch
+        ctx.should_stop = true;
+        progress.stop_reason = "max_time=" + fixed(config_.max_time->count()) + " s reached";
+      }
+    }
+    if (ctx.should_stop && can_stop_early(progress, config_)) {
+      if (progress.stop_reason.empty()) progress.stop_reason = "should_stop was set";
+      return true;
+    }
+    return false;
+  }
+
+  template <class Outcome>
+  void read_loss(const Outcome& outcome, bool must, std::int64_t step_at_batch) {
+    if (!outcome.loss.defined()) return;
+    const std::int64_t steps = p_.progress.global_step;
+    const bool log_step = outcome.stepped && (steps == 1 || steps % config_.log_every_n_steps == 0);
+    const bool every_step = config_.finite_loss_check == FiniteLossCheck::every_step;
+    if (!(must || log_step || every_step)) return;
+    const double value = outcome.loss.detach().template item<double>();
+    summary_->train_loss = value;
+    if (!p_.metrics.logs("train_loss"))  // fulgur's train_loss, a callback metric monitors can use
+      p_.views.callback.set("train_loss", at::scalar_tensor(value, at::kDouble));
+    constexpr bool scaled = detail::uses_scaler<typename Fabric::precision_type>();  // skips are counted instead
+    if (!scaled && config_.finite_loss_check != FiniteLossCheck::off && !std::isfinite(value))
+      throw NonFiniteLossError(non_finite_message(value, step_at_batch));
+    last_finite_step_ = step_at_batch;
+  }
+
+  std::string non_finite_message(double value, std::int64_t step_at_batch) const {
+    const StepContext& ctx = p_.hook.ctx();
+    const bool every_step = config_.finite_loss_check == FiniteLossCheck::every_step;
+    return "fulgur: the loss is " + std::string(std::isnan(value) ? "NaN" : "infinite") + " at " +
+           position_text("training_step", ctx.current_epoch, ctx.batch_idx, step_at_batch) + " under precision '" +
+           std::string(Fabric::precision_type::name) + "'" +
+           (every_step || last_finite_step_ < 0 ? std::string(".")
+                                                 : "; it was last seen finite at global_step " +
+                                                       std::to_string(last_finite_step_) + ".") +
+           " Lower the learning rate, clip gradients (TrainerConfig::gradient_clip_val) or check the data for NaN/inf" +
+           (every_step ? std::string(".")
+                       : "; set finite_loss_check = FiniteLossCheck::every_step to stop at the first bad batch.");
+  }
+
+  bool should_validate(bool is_last) const {
+    if constexpr (std::is_same_v<ValLoop, NoData>) {
+      return false;
+    } else {
+      const StepContext& ctx = p_.hook.ctx();
+      if (!schedule_.enabled) return false;
+      if (schedule_.every_n_epochs && (ctx.current_epoch + 1) % *schedule_.every_n_epochs != 0) return false;
+      if (ctx.should_stop && can_stop_early(p_.progress, config_)) return true;
+      if (schedule_.check_batch < 0) return is_last;
+      const std::int64_t done = schedule_.every_n_epochs ? ctx.batch_idx : p_.progress.total_batch_idx - 1;
+      return (done + 1) % schedule_.check_batch == 0;
+    }
+  }
+
+  void validate(bool stepped) {
+    if constexpr (!std::is_same_v<ValLoop, NoData>) {
+      if (stepped) {  // free the gradients before validating (Lightning's on_validation_model_zero_grad)
+        if constexpr (hooks::is_absent<decltype(p_.hook(hooks::on_validation_model_zero_grad))>)
+          p_.hook.module().zero_grad(/*set_to_none=*/true);
+        else
+          p_.hook(hooks::on_validation_model_zero_grad);
+      }
+      const EvaluationResult result = p_.validation->run(schedule_.batches, EvaluationMode::inside_fit);
+      summary_->val_loss = result.loss;
+      p_.warnings.insert(p_.warnings.end(), result.warnings.begin(), result.warnings.end());
+    }
+  }
+
+  auto all_reduce() {
+    return [this](const at::Tensor& t, ReduceOp op) { return p_.fabric.all_reduce(t, op); };
+  }
+
+  Parts p_;
+  const TrainerConfig& config_;
+  std::int64_t max_batches_;
+  ValidationSchedule schedule_;
+  std::chrono::steady_clock::time_point fit_start_{};
+  EpochSummary* summary_ = nullptr;
+  std::int64_t last_finite_step_ = -1;  // the step of the last loss read and found finite
+};
+
+}  // namespace fulgur::loops

@@ -1,0 +1,233 @@
+#pragma once
+// Logged metrics, kept as Lightning keeps them (its _ResultCollection and logger connector), but
+// as tensors until someone reads them: logging a value costs no host sync.
+//
+// A value is logged under (hook, name). Logged on_step, its latest value is the step value;
+// logged on_epoch, it is reduced over the epoch: `mean` weighted by the batch size (Lightning's
+// rule), `sum`, `max` or `min`, accumulated in float64. Logged both ways, it appears as
+// `name_step` and `name_epoch`. The reduced values flow into three views, as in Lightning:
+// callback metrics (what monitors and FitResult::metrics see), logged metrics (what a logger gets)
+// and progress-bar metrics.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fulgur/concepts/vocabulary.hpp"
+#include "fulgur/errors.hpp"
+#include "fulgur/results.hpp"
+
+namespace fulgur {
+
+/// ctx.log's options, with Lightning's meaning and defaults. Unset on_step/on_epoch take the
+/// hook's defaults: training_step and the batch-level training hooks log on_step; validation and
+/// test steps and every epoch-level hook log on_epoch. Give them in this order (designated
+/// initialisers): {.prog_bar, .logger, .on_step, .on_epoch, .sync_dist, .reduce, .batch_size}.
+struct LogOptions {
+  bool prog_bar = false;
+  bool logger = true;
+  std::optional<bool> on_step{};
+  std::optional<bool> on_epoch{};
+  bool sync_dist = false;             ///< reduce across processes (with `reduce`) when the value is computed
+  ReduceOp reduce = ReduceOp::mean;   ///< over the epoch (and across processes with sync_dist)
+  std::optional<std::int64_t> batch_size{};  ///< the weight of this value in an epoch mean; default: the batch's size
+};
+
+namespace detail {
+
+/// Where a hook may log, and its defaults (Lightning's _FxValidator).
+enum class LogScope {
+  none,         ///< logging here is an error
+  step,         ///< on_step by default, on_epoch allowed (training_step, batch-level training hooks)
+  epoch,        ///< on_epoch by default, on_step allowed (validation/test steps and batch hooks)
+  epoch_only,   ///< on_epoch only (epoch-level hooks, on_train_start, ...)
+};
+
+/// Named tensors, updated in place by name (no allocation once a name is known).
+class TensorMap {
+ public:
+  void set(std::string_view name, const at::Tensor& value) {
+    for (auto& [key, tensor] : items_)
+      if (key == name) {
+        tensor = value;
+        return;
+      }
+    items_.emplace_back(std::string(name), value);
+  }
+  const at::Tensor* find(std::string_view name) const {
+    for (const auto& [key, tensor] : items_)
+      if (key == name) return &tensor;
+    return nullptr;
+  }
+  bool empty() const { return items_.empty(); }
+  void clear() { items_.clear(); }
+  /// Every value on the host (one sync per value).
+  Metrics to_host() const {
+    Metrics out;
+    for (const auto& [key, tensor] : items_) out[key] = tensor.template item<double>();
+    return out;
+  }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+
+ private:
+  std::vector<std::pair<std::string, at::Tensor>> items_;
+};
+
+/// Lightning's trainer.callback_metrics / logged_metrics / progress_bar_metrics.
+struct MetricViews {
+  TensorMap callback, logged, progress_bar;
+  void clear() {
+    callback.clear();
+    logged.clear();
+    progress_bar.clear();
+  }
+};
+
+/// The values one loop logged (a training epoch, or one evaluation run).
+class MetricCollection {
+ public:
+  /// training: step values also reach the callback metrics (Lightning's rule for the training loop).
+  explicit MetricCollection(bool training) : training_(training) {}
+
+  /// Called before each hook or step: who logs now, and with which defaults.
+  void enter(std::string_view hook, LogScope scope) {
+    hook_ = hook;
+    scope_ = scope;
+  }
+  void set_batch_size(std::int64_t batch_size) { batch_size_ = batch_size; }
+
+  void log(std::string_view name, const at::Tensor& value, const LogOptions& options) {
+    if (scope_ == LogScope::none)
+      throw MisconfigurationError("You can't `log()` inside `" + std::string(hook_) +
+                                  "`: fulgur (as Lightning) takes logged values in the steps and in the hooks of "
+                                  "docs/loops-and-hooks.md that allow it.");
+    const bool on_step = options.on_step.value_or(scope_ == LogScope::step);
+    const bool on_epoch = options.on_epoch.value_or(scope_ != LogScope::step);
+    if (!on_step && !on_epoch)
+      throw MisconfigurationError("`log(\"" + std::string(name) + "\", ..., {.on_step = false, .on_epoch = false})` "
+                                  "is not useful: log it on_step, on_epoch, or both.");
+    if (scope_ == LogScope::epoch_only && on_step)
+      throw MisconfigurationError("You can't log \"" + std::string(name) + "\" with on_step = true in `" +
+                                  std::string(hook_) + "`, which runs once per epoch: log it on_epoch.");
+    if (!value.defined() || value.numel() != 1)
+      throw MisconfigurationError("`log(\"" + std::string(name) + "\", ...)` in `" + std::string(hook_) +
+                                  "` needs one number, got " + (value.defined() ? "a tensor of " +
+                                  std::to_string(value.numel()) + " elements" : std::string("an undefined tensor")) +
+                                  "; reduce it first (.mean(), .sum()).");
+    Entry& e = entry(name, on_step, on_epoch, options);
+    const at::Tensor v = value.detach().reshape({});
+    e.fresh = true;
+    if (on_step) e.step_value = v.is_floating_point() ? v : v.to(at::kDouble);
+    if (!on_epoch) return;
+    const double weight = static_cast<double>(options.batch_size.value_or(batch_size_));
+    if (!e.accumulated.defined()) {
+      e.accumulated = at::zeros({}, v.options().dtype(at::kDouble));
+      if (e.options.reduce == ReduceOp::max) e.accumulated.fill_(-std::numeric_limits<double>::infinity());
+      if (e.options.reduce == ReduceOp::min) e.accumulated.fill_(std::numeric_limits<double>::infinity());
+    }
+    switch (e.options.reduce) {
+      case ReduceOp::mean: e.accumulated.add_(v, weight), e.weight += weight; break;
+      case ReduceOp::sum: e.accumulated.add_(v); break;
+      case ReduceOp::max: at::maximum_out(e.accumulated, e.accumulated, v); break;
+      case ReduceOp::min: at::minimum_out(e.accumulated, e.accumulated, v); break;
+    }
+    e.computed = at::Tensor();
+  }
+
+  /// Step values logged with sync_dist are reduced across processes (once per batch, only when
+  /// such a value was logged).
+  template <class AllReduce>
+  void sync_step_values(AllReduce&& all_reduce) {
+    for (auto& e : entries_)
+      if (e.fresh && e.on_step && e.options.sync_dist) e.step_value = all_reduce(e.step_value.clone(), e.options.reduce);
+  }
+  /// The step values into the views (after each batch; tensors only, no host sync).
+  void publish_step(MetricViews& views) {
+    for (auto& e : entries_) {
+      if (!e.on_step || !e.step_value.defined()) continue;
+      publish(views, e, e.step_value, /*on_step=*/true);
+      e.fresh = false;
+    }
+  }
+  /// The epoch values, reduced (and synced across processes where asked), into the views.
+  template <class AllReduce>
+  void publish_epoch(MetricViews& views, AllReduce&& all_reduce) {
+    for (auto& e : entries_) {  // every rank holds the same entries in the same order: collectives line up
+      if (!e.on_epoch || !e.accumulated.defined()) continue;
+      if (!e.computed.defined()) {
+        at::Tensor value = e.accumulated.clone();
+        at::Tensor weight = at::scalar_tensor(e.weight, value.options());
+        if (e.options.sync_dist) {
+          const ReduceOp op = e.options.reduce == ReduceOp::mean ? ReduceOp::sum : e.options.reduce;
+          value = all_reduce(value, op);
+          if (e.options.reduce == ReduceOp::mean) weight = all_reduce(weight, ReduceOp::sum);
+        }
+        e.computed = e.options.reduce == ReduceOp::mean ? value / weight : value;
+      }
+      publish(views, e, e.computed, /*on_step=*/false);
+    }
+  }
+  bool empty() const { return entries_.empty(); }
+  /// Whether a value of this name was logged (by any hook) since the last reset.
+  bool logs(std::string_view name) const {
+    for (const auto& e : entries_)
+      if (e.name == name) return true;
+    return false;
+  }
+  void reset() { entries_.clear(); }
+
+ private:
+  struct Entry {
+    std::string_view hook;
+    std::string name;
+    bool on_step = false, on_epoch = false;
+    LogOptions options;
+    at::Tensor step_value;   // the latest value logged on_step
+    at::Tensor accumulated;  // float64: the weighted sum (mean), sum, max or min over the epoch
+    double weight = 0.0;     // the summed batch sizes (mean)
+    at::Tensor computed;     // the epoch value, cached until the next update
+    bool fresh = false;      // logged since the last publish_step
+    std::string step_key, epoch_key;  // name_step / name_epoch when logged both ways, else name
+  };
+
+  Entry& entry(std::string_view name, bool on_step, bool on_epoch, const LogOptions& options) {
+    for (auto& e : entries_) {
+      if (e.hook != hook_ || e.name != name) continue;
+      if (e.on_step != on_step || e.on_epoch != on_epoch || e.options.reduce != options.reduce ||
+          e.options.sync_dist != options.sync_dist || e.options.prog_bar != options.prog_bar ||
+          e.options.logger != options.logger)
+        throw MisconfigurationError("You called `log(\"" + std::string(name) + "\", ...)` twice in `" +
+                                    std::string(hook_) + "` with different arguments. This is not allowed");
+      return e;
+    }
+    const bool forked = on_step && on_epoch;
+    entries_.push_back(Entry{hook_, std::string(name), on_step, on_epoch, options, {}, {}, 0.0, {}, false,
+                             std::string(name) + (forked ? "_step" : ""), std::string(name) + (forked ? "_epoch" : "")});
+    return entries_.back();
+  }
+
+  void publish(MetricViews& views, const Entry& e, const at::Tensor& value, bool on_step) const {
+    const std::string& forked_name = on_step ? e.step_key : e.epoch_key;
+    if (e.options.logger) views.logged.set(forked_name, value);
+    if (training_ || (e.on_epoch && !on_step)) {
+      views.callback.set(e.name, value);
+      views.callback.set(forked_name, value);
+    }
+    if (e.options.prog_bar) views.progress_bar.set(forked_name, value);
+  }
+
+  bool training_;
+  std::string_view hook_ = "training_step";
+  LogScope scope_ = LogScope::none;
+  std::int64_t batch_size_ = 1;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace detail
+}  // namespace fulgur

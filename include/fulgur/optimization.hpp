@@ -1,0 +1,85 @@
+#pragma once
+// What configure_optimizers may return, and the learning-rate schedulers that come with it.
+//
+//   std::unique_ptr<torch::optim::Optimizer>            one optimizer
+//   fulgur::OptimizerConfig{optimizer, scheduler, ...}  one optimizer with a scheduler
+//   std::vector<fulgur::OptimizerConfig>                several (manual optimization only, as in Lightning)
+//
+// A scheduler is any torch::optim::LRScheduler (StepLR, ...) or a ReduceLROnPlateauScheduler,
+// which steps on a monitored metric (OptimizerConfig::monitor, e.g. "val_loss").
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/optim/schedulers/reduce_on_plateau_scheduler.h>
+
+#include <concepts>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace fulgur {
+
+enum class SchedulerInterval { epoch, step };
+
+/// A learning-rate scheduler of either kind LibTorch has, or none.
+class AnyLRScheduler {
+ public:
+  AnyLRScheduler() = default;
+  template <std::derived_from<torch::optim::LRScheduler> S>
+  AnyLRScheduler(std::unique_ptr<S> scheduler) : stepwise_(std::move(scheduler)) {}
+  AnyLRScheduler(std::unique_ptr<torch::optim::ReduceLROnPlateauScheduler> scheduler) : plateau_(std::move(scheduler)) {}
+
+  explicit operator bool() const { return stepwise_ || plateau_; }
+  bool reduce_on_plateau() const { return plateau_ != nullptr; }
+  /// A stepwise scheduler's step.
+  void step() { stepwise_->step(); }
+  /// The step PyTorch's LRScheduler takes in its constructor and LibTorch's does not: without
+  /// it, StepLR(step_size = 1) would first decay at its second step() instead of its first.
+  /// The loops take it once, when configure_optimizers hands the scheduler over.
+  void initial_step() {
+    if (stepwise_) stepwise_->step();
+  }
+  /// ReduceLROnPlateau's step on the monitored value.
+  void step(double monitored) { plateau_->step(static_cast<float>(monitored)); }
+
+  torch::optim::LRScheduler* stepwise() const { return stepwise_.get(); }
+  torch::optim::ReduceLROnPlateauScheduler* plateau() const { return plateau_.get(); }
+
+ private:
+  std::unique_ptr<torch::optim::LRScheduler> stepwise_;
+  std::unique_ptr<torch::optim::ReduceLROnPlateauScheduler> plateau_;
+};
+
+/// An optimizer and, optionally, its scheduler with Lightning's lr_scheduler dict keys.
+struct OptimizerConfig {
+  std::unique_ptr<torch::optim::Optimizer> optimizer{};
+  AnyLRScheduler lr_scheduler{};                              ///< optional
+  SchedulerInterval interval = SchedulerInterval::epoch;  ///< when the scheduler steps
+  std::int64_t frequency = 1;                              ///< every `frequency` intervals
+  std::string monitor{};                                   ///< the metric ReduceLROnPlateau steps on
+  bool strict = true;  ///< a monitor that was never logged is an error (false: the step is skipped, with a warning)
+};
+
+namespace detail {
+
+/// configure_optimizers' result as a list of OptimizerConfig.
+template <class R>
+std::vector<OptimizerConfig> to_optimizer_configs(R&& returned) {
+  using T = std::remove_cvref_t<R>;
+  std::vector<OptimizerConfig> configs;
+  if constexpr (std::is_same_v<T, std::vector<OptimizerConfig>>) {
+    configs = std::move(returned);
+  } else if constexpr (std::is_same_v<T, OptimizerConfig>) {
+    configs.push_back(std::move(returned));
+  } else if constexpr (requires { returned.optimizer; }) {
+    configs.push_back(OptimizerConfig{std::move(returned.optimizer)});
+  } else {
+    configs.push_back(OptimizerConfig{std::move(returned)});
+  }
+  return configs;
+}
+
+}  // namespace detail
+}  // namespace fulgur

@@ -1,0 +1,214 @@
+"""Lightning's own behaviour, recorded at test time for the C++ tests to compare with.
+
+    python scripts/lightning_reference.py OUT_DIR
+
+Writes, for each scenario below, `hooks_<scenario>.txt` (the hooks Lightning called on the module,
+in order, one per line; setup/teardown as `setup:fit`) and `metrics_<scenario>.txt` (lines
+`<view> <epoch|final> <name> <value>` for callback, logged and progress-bar metrics).
+
+Which hooks count: every hook fulgur claims, read from include/fulgur/hooks.hpp (one source of
+truth), plus configure_optimizers. Lightning calls on_sanity_check_start/end and on_exception on
+callbacks only; a callback records those, and fulgur calls them on the module too.
+The scenarios' numbers are repeated in tests/unit/lightning_parity_tests.cpp.
+"""
+import logging
+import os
+import pathlib
+import re
+import sys
+import warnings
+
+os.environ.setdefault("PL_DISABLE_FORK", "1")
+warnings.filterwarnings("ignore")
+logging.getLogger("lightning").setLevel(logging.ERROR)
+logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+import torch  # noqa: E402
+import lightning.pytorch as pl  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CALLBACK_ONLY = {"on_sanity_check_start", "on_sanity_check_end", "on_exception"}
+
+
+def fulgur_hooks():
+    text = (ROOT / "include/fulgur/hooks.hpp").read_text()
+    names = re.findall(r"^FULGUR_DETAIL_DEFINE_HOOK\((\w+),", text, re.M)
+    return set(names) | {"configure_optimizers"}
+
+
+HOOKS = fulgur_hooks()
+
+
+def data(n, features=4, batch_size=4):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(n, features, generator=generator)
+    y = torch.randint(0, 2, (n,), generator=generator)
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size)
+
+
+class Recorder(pl.Callback):
+    def __init__(self, calls):
+        self.calls = calls
+
+    def on_sanity_check_start(self, trainer, module):
+        self.calls.append("on_sanity_check_start")
+
+    def on_sanity_check_end(self, trainer, module):
+        self.calls.append("on_sanity_check_end")
+
+
+def spy_class(calls, stop_at=None):
+    """A module whose every fulgur hook records its name, then does what Lightning's default does."""
+
+    class Spy(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.cross_entropy(self.fc(batch[0]), batch[1])
+
+        def validation_step(self, batch, batch_idx):
+            return torch.nn.functional.cross_entropy(self.fc(batch[0]), batch[1])
+
+        test_step = validation_step
+
+        def predict_step(self, batch, batch_idx):
+            return self.fc(batch[0])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def on_train_batch_start(self, batch, batch_idx):
+            if stop_at is not None and (self.current_epoch, batch_idx) == stop_at:
+                return -1
+            return None
+
+    def wrap(name):
+        original = getattr(Spy, name)
+
+        def hook(self, *args, **kwargs):
+            stage = ""
+            if name in ("setup", "teardown"):
+                value = args[0] if args else kwargs["stage"]
+                stage = ":" + str(getattr(value, "value", value))
+            calls.append(name + stage)
+            return original(self, *args, **kwargs)
+
+        return hook
+
+    for name in HOOKS - CALLBACK_ONLY:
+        if hasattr(pl.LightningModule, name) or name in Spy.__dict__:
+            setattr(Spy, name, wrap(name))
+    return Spy
+
+
+def trainer(calls, **kwargs):
+    options = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, enable_checkpointing=False,
+                   callbacks=[Recorder(calls)])
+    options.update(kwargs)
+    return pl.Trainer(**options)
+
+
+def hooks_scenarios():
+    """name -> (calls) for the hook-order scenarios."""
+    out = {}
+
+    calls = []  # validation, accumulation, two epochs, the sanity check
+    trainer(calls, max_epochs=2, accumulate_grad_batches=2, limit_val_batches=2).fit(
+        spy_class(calls)(), data(12), data(12))
+    out["fit"] = calls
+
+    calls = []  # validation every 2 batches of 5, no sanity check, then max_steps mid-epoch
+    trainer(calls, max_steps=7, val_check_interval=2, num_sanity_val_steps=0).fit(
+        spy_class(calls)(), data(20), data(8))
+    out["fit_interval"] = calls
+
+    calls = []  # on_train_batch_start returns -1 at epoch 0, batch 1
+    trainer(calls, max_epochs=2, num_sanity_val_steps=0).fit(spy_class(calls, stop_at=(0, 1))(), data(12), data(8))
+    out["fit_batch_start_stop"] = calls
+
+    calls = []  # nothing to train: the sanity check runs, on_train_start/end do not
+    trainer(calls, max_epochs=0).fit(spy_class(calls)(), data(12), data(8))
+    out["fit_max_epochs_0"] = calls
+
+    for stage in ("validate", "test", "predict"):
+        calls = []
+        getattr(trainer(calls), stage)(spy_class(calls)(), data(8))
+        out[stage] = calls
+    return out
+
+
+class Logging(pl.LightningModule):
+    """Logs values that depend only on where the loop is, in every way log() can be asked to."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        e = float(self.current_epoch)
+        self.log("a", batch_idx + 10 * e)
+        self.log("b", batch_idx + e, on_step=True, on_epoch=True, prog_bar=True)
+        self.log("c", batch_idx + 1.0, on_step=False, on_epoch=True, reduce_fx="sum")
+        self.log("m", batch_idx * 2.0 - e, on_step=False, on_epoch=True, reduce_fx="max")
+        self.log("n", batch_idx * 2.0 + e, on_step=False, on_epoch=True, reduce_fx="min")
+        self.log("w", batch_idx * 3.0 + e, on_epoch=True)
+        return torch.nn.functional.cross_entropy(self.fc(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("v", batch_idx * 2.0 + self.current_epoch)
+        self.log("vs", batch_idx + 0.5, on_step=True, prog_bar=True)
+        self.log("vm", batch_idx * 1.0, reduce_fx="max", logger=False)
+
+    def on_train_epoch_end(self):
+        self.log("e", self.current_epoch * 3.0)
+
+    def on_validation_epoch_end(self):
+        self.log("ve", 1.5 + self.current_epoch)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class MetricsRecorder(pl.Callback):
+    def __init__(self, lines):
+        self.lines = lines
+
+    def record(self, trainer, when):
+        for view, metrics in (("callback", trainer.callback_metrics), ("logged", trainer.logged_metrics),
+                              ("progress_bar", trainer.progress_bar_metrics)):
+            for name, value in sorted(metrics.items()):
+                self.lines.append(f"{view} {when} {name} {float(value)!r}")
+
+    def on_train_epoch_start(self, trainer, module):
+        if trainer.current_epoch > 0:
+            self.record(trainer, f"epoch{trainer.current_epoch - 1}")
+
+    def on_train_end(self, trainer, module):
+        self.record(trainer, "final")
+
+
+def metrics_scenarios():
+    lines = []  # 10 samples in batches of 4, 4, 2: epoch means are weighted by the batch size
+    pl.Trainer(max_epochs=2, enable_progress_bar=False, enable_model_summary=False, logger=False,
+               enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=1,
+               callbacks=[MetricsRecorder(lines)]).fit(Logging(), data(10), data(6))
+    return {"logging": lines}
+
+
+def main(out_dir):
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    for name, calls in hooks_scenarios().items():
+        kept = [c for c in calls if c.split(":")[0] in HOOKS]
+        (out / f"hooks_{name}.txt").write_text("\n".join(kept) + "\n")
+    for name, lines in metrics_scenarios().items():
+        (out / f"metrics_{name}.txt").write_text("\n".join(lines) + "\n")
+    print(f"lightning {pl.__version__}: reference written to {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,240 @@
+// fulgur against Lightning itself: the order of every module hook, and logged metrics with their
+// reductions and names, compared with what scripts/lightning_reference.py records from the venv's
+// lightning at test time. The scenarios' numbers are the script's.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "unit/support.hpp"
+
+using namespace fulgur;
+
+namespace {
+
+std::vector<std::string> reference_lines(const std::string& name) {
+  const std::string path = std::string(FULGUR_GOLDEN_DIR) + "/lightning/" + name;
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + " is missing: ctest runs lightning.reference first");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) lines.push_back(line);
+  return lines;
+}
+
+/// Records every hook fulgur calls, by name; does what Lightning's defaults do where a hook has one.
+struct SpyImpl : torch::nn::Module {
+  explicit SpyImpl(std::optional<std::pair<std::int64_t, std::int64_t>> stop = {})
+      : fc(register_module("fc", torch::nn::Linear(4, 2))), stop_at(stop) {}
+  void record(std::string name) { calls.push_back(std::move(name)); }
+  at::Tensor loss(const data::Batch& b) { return torch::nn::functional::cross_entropy(fc(b.input), b.target); }
+
+  at::Tensor training_step(const data::Batch& b, std::int64_t) { return record("training_step"), loss(b); }
+  at::Tensor validation_step(const data::Batch& b, std::int64_t) { return record("validation_step"), loss(b); }
+  at::Tensor test_step(const data::Batch& b, std::int64_t) { return record("test_step"), loss(b); }
+  at::Tensor predict_step(const data::Batch& b, std::int64_t) { return record("predict_step"), fc(b.input); }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    record("configure_optimizers");
+    return std::make_unique<torch::optim::SGD>(parameters(), 0.1);
+  }
+
+  void prepare_data() { record("prepare_data"); }
+  void setup(Stage stage) { record("setup:" + std::string(to_string(stage))); }
+  void configure_model() { record("configure_model"); }
+  void teardown(Stage stage) { record("teardown:" + std::string(to_string(stage))); }
+  void on_fit_start() { record("on_fit_start"); }
+  void on_fit_end() { record("on_fit_end"); }
+  void on_sanity_check_start() { record("on_sanity_check_start"); }
+  void on_sanity_check_end() { record("on_sanity_check_end"); }
+  void on_exception(const std::exception&) { record("on_exception"); }
+
+  void on_train_start() { record("on_train_start"); }
+  void on_train_end() { record("on_train_end"); }
+  void on_train_epoch_start() { record("on_train_epoch_start"); }
+  void on_train_epoch_end() { record("on_train_epoch_end"); }
+  std::int64_t on_train_batch_start(const data::Batch&, std::int64_t batch_idx, StepContext& ctx) {
+    record("on_train_batch_start");
+    return stop_at && *stop_at == std::pair{ctx.current_epoch, batch_idx} ? -1 : 0;
+  }
+  template <class Output>
+  void on_train_batch_end(const Output&, const data::Batch&, std::int64_t) { record("on_train_batch_end"); }
+  void on_before_zero_grad(torch::optim::Optimizer&) { record("on_before_zero_grad"); }
+  void on_before_backward(const at::Tensor&) { record("on_before_backward"); }
+  void on_after_backward() { record("on_after_backward"); }
+  void on_before_optimizer_step(torch::optim::Optimizer&) { record("on_before_optimizer_step"); }
+
+  data::Batch on_before_batch_transfer(const data::Batch& b, std::int64_t) { return record("on_before_batch_transfer"), b; }
+  data::Batch transfer_batch_to_device(const data::Batch& b, c10::Device device, std::int64_t) {
+    record("transfer_batch_to_device");
+    return {b.input.to(device), b.target.to(device)};
+  }
+  data::Batch on_after_batch_transfer(const data::Batch& b, std::int64_t) { return record("on_after_batch_transfer"), b; }
+
+  void on_validation_model_zero_grad() { record("on_validation_model_zero_grad"), zero_grad(); }
+  void on_validation_model_eval() { record("on_validation_model_eval"), eval(); }
+  void on_validation_model_train() { record("on_validation_model_train"), train(); }
+  void on_validation_start() { record("on_validation_start"); }
+  void on_validation_end() { record("on_validation_end"); }
+  void on_validation_epoch_start() { record("on_validation_epoch_start"); }
+  void on_validation_epoch_end() { record("on_validation_epoch_end"); }
+  void on_validation_batch_start(const data::Batch&, std::int64_t) { record("on_validation_batch_start"); }
+  template <class Output>
+  void on_validation_batch_end(const Output&, const data::Batch&, std::int64_t) { record("on_validation_batch_end"); }
+
+  void on_test_model_eval() { record("on_test_model_eval"), eval(); }
+  void on_test_model_train() { record("on_test_model_train"), train(); }
+  void on_test_start() { record("on_test_start"); }
+  void on_test_end() { record("on_test_end"); }
+  void on_test_epoch_start() { record("on_test_epoch_start"); }
+  void on_test_epoch_end() { record("on_test_epoch_end"); }
+  void on_test_batch_start(const data::Batch&, std::int64_t) { record("on_test_batch_start"); }
+  template <class Output>
+  void on_test_batch_end(const Output&, const data::Batch&, std::int64_t) { record("on_test_batch_end"); }
+
+  void on_predict_model_eval() { record("on_predict_model_eval"), eval(); }
+  void on_predict_start() { record("on_predict_start"); }
+  void on_predict_end() { record("on_predict_end"); }
+  void on_predict_epoch_start() { record("on_predict_epoch_start"); }
+  void on_predict_epoch_end() { record("on_predict_epoch_end"); }
+  void on_predict_batch_start(const data::Batch&, std::int64_t) { record("on_predict_batch_start"); }
+  template <class Output>
+  void on_predict_batch_end(const Output&, const data::Batch&, std::int64_t) { record("on_predict_batch_end"); }
+
+  torch::nn::Linear fc;
+  std::optional<std::pair<std::int64_t, std::int64_t>> stop_at;
+  std::vector<std::string> calls;
+};
+TORCH_MODULE(Spy);
+
+data::TensorLoader loader(std::int64_t samples) {
+  return data::TensorLoader(torch::randn({samples, 4}), torch::randint(2, {samples}, at::kLong), {.batch_size = 4});
+}
+
+using CpuTrainer = test::CpuTrainer<FloatPrecision>;
+
+/// The first difference between two hook sequences, as a readable message (empty when equal).
+std::string first_difference(const std::vector<std::string>& fulgur, const std::vector<std::string>& lightning) {
+  for (std::size_t i = 0; i < std::max(fulgur.size(), lightning.size()); ++i) {
+    const std::string f = i < fulgur.size() ? fulgur[i] : "<end>";
+    const std::string l = i < lightning.size() ? lightning[i] : "<end>";
+    if (f != l) return "at call " + std::to_string(i) + ": fulgur called " + f + ", Lightning " + l;
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("hook order equals Lightning's: fit with validation, accumulation, two epochs and a sanity check",
+          "[lightning][hooks]") {
+  Spy spy;
+  CpuTrainer trainer(test::quiet({.max_epochs = 2, .accumulate_grad_batches = 2, .limit_val_batches = 2}));
+  trainer.fit(spy, loader(12), loader(12));
+  CHECK(first_difference(spy->calls, reference_lines("hooks_fit.txt")) == "");
+}
+
+TEST_CASE("hook order equals Lightning's: validation every 2 batches, max_steps ending an epoch early",
+          "[lightning][hooks]") {
+  Spy spy;
+  CpuTrainer trainer(test::quiet({.max_steps = 7, .val_check_interval = 2, .num_sanity_val_steps = 0}));
+  const auto result = trainer.fit(spy, loader(20), loader(8));
+  CHECK(first_difference(spy->calls, reference_lines("hooks_fit_interval.txt")) == "");
+  CHECK(result.global_step == 7);
+  CHECK(result.stop_reason == "max_steps=7 reached");
+}
+
+TEST_CASE("hook order equals Lightning's: on_train_batch_start returning -1 ends the epoch", "[lightning][hooks]") {
+  Spy spy(std::pair<std::int64_t, std::int64_t>{0, 1});
+  CpuTrainer trainer(test::quiet({.max_epochs = 2, .num_sanity_val_steps = 0}));
+  const auto result = trainer.fit(spy, loader(12), loader(8));
+  CHECK(first_difference(spy->calls, reference_lines("hooks_fit_batch_start_stop.txt")) == "");
+  CHECK(result.global_step == 1 + 3);
+}
+
+TEST_CASE("hook order equals Lightning's: max_epochs = 0 runs the sanity check and trains nothing",
+          "[lightning][hooks]") {
+  Spy spy;
+  CpuTrainer trainer(test::quiet({.max_epochs = 0}));
+  const auto result = trainer.fit(spy, loader(12), loader(8));
+  CHECK(first_difference(spy->calls, reference_lines("hooks_fit_max_epochs_0.txt")) == "");
+  CHECK(result.global_step == 0);
+  CHECK(result.stop_reason == "max_epochs=0 reached");
+}
+
+TEST_CASE("hook order equals Lightning's: validate, test and predict on a fresh module", "[lightning][hooks]") {
+  for (const std::string stage : {"validate", "test", "predict"}) {
+    Spy spy;
+    CpuTrainer trainer(test::quiet());
+    if (stage == "validate") trainer.validate(spy, loader(8));
+    if (stage == "test") trainer.test(spy, loader(8));
+    if (stage == "predict") trainer.predict(spy, loader(8));
+    INFO(stage);
+    CHECK(first_difference(spy->calls, reference_lines("hooks_" + stage + ".txt")) == "");
+  }
+}
+
+namespace {
+/// Logs values that depend only on where the loop is, as scripts/lightning_reference.py's Logging does.
+struct LoggingImpl : torch::nn::Module {
+  LoggingImpl() : fc(register_module("fc", torch::nn::Linear(4, 2))) {}
+  at::Tensor training_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+    const double e = static_cast<double>(ctx.current_epoch), bi = static_cast<double>(i);
+    ctx.log("a", bi + 10 * e);
+    ctx.log("b", bi + e, {.prog_bar = true, .on_step = true, .on_epoch = true});
+    ctx.log("c", bi + 1.0, {.on_step = false, .on_epoch = true, .reduce = ReduceOp::sum});
+    ctx.log("m", bi * 2.0 - e, {.on_step = false, .on_epoch = true, .reduce = ReduceOp::max});
+    ctx.log("n", bi * 2.0 + e, {.on_step = false, .on_epoch = true, .reduce = ReduceOp::min});
+    ctx.log("w", bi * 3.0 + e, {.on_epoch = true});
+    return torch::nn::functional::cross_entropy(fc(b.input), b.target);
+  }
+  void validation_step(const data::Batch&, std::int64_t i, StepContext& ctx) {
+    ctx.log("v", static_cast<double>(i) * 2.0 + static_cast<double>(ctx.current_epoch));
+    ctx.log("vs", static_cast<double>(i) + 0.5, {.prog_bar = true, .on_step = true});
+    ctx.log("vm", static_cast<double>(i), {.logger = false, .reduce = ReduceOp::max});
+  }
+  void on_train_epoch_end(StepContext& ctx) { ctx.log("e", static_cast<double>(ctx.current_epoch) * 3.0); }
+  void on_validation_epoch_end(StepContext& ctx) { ctx.log("ve", 1.5 + static_cast<double>(ctx.current_epoch)); }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::SGD>(parameters(), 0.1);
+  }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(Logging);
+}  // namespace
+
+TEST_CASE("logged metrics equal Lightning's: names, step/epoch forms, weighted means, sum/max/min, views",
+          "[lightning][logging]") {
+  Logging model;
+  CpuTrainer trainer(test::quiet({.max_epochs = 2, .num_sanity_val_steps = 0, .log_every_n_steps = 1}));
+  auto train = loader(10);  // batches of 4, 4, 2: epoch means weighted by batch size
+  const FitResult result = trainer.fit(model, train, loader(6));
+  std::map<std::string, Metrics> expected;  // "callback final" -> metrics
+  for (const auto& line : reference_lines("metrics_logging.txt")) {
+    std::istringstream fields(line);
+    std::string view, when, name;
+    double value = 0;
+    fields >> view >> when >> name >> value;
+    expected[view + " " + when][name] = value;
+  }
+  auto without_fulgur_extras = [](Metrics m) {
+    m.erase("train_loss");  // fulgur reports the loss the step returned; Lightning logs nothing by itself
+    return m;
+  };
+  const std::map<std::string, Metrics> actual{
+      {"callback epoch0", without_fulgur_extras(result.epochs.at(0).metrics)},
+      {"callback final", without_fulgur_extras(result.metrics)},
+      {"logged final", result.logged_metrics},
+      {"progress_bar final", result.progress_bar_metrics}};
+  for (const auto& [view, metrics] : actual) {
+    INFO(view);
+    const Metrics& reference = expected.at(view);
+    for (const auto& [name, value] : reference) {
+      INFO(name);
+      REQUIRE(metrics.count(name) == 1);
+      CHECK(metrics.at(name) == Approx(value).epsilon(1e-6));
+    }
+    for (const auto& [name, value] : metrics) {
+      INFO(name << " is not in Lightning's " << view);
+      CHECK(reference.count(name) == 1);
+    }
+  }
+}

@@ -1,0 +1,548 @@
+// The loops' rules beyond parity: the config checked when the Trainer is built, limits and
+// validation placement, stop requests, max_time, manual optimization, schedulers, validate/test/
+// predict, logging errors, exceptions, and the regressions found by trying fulgur as a new user.
+#include <ATen/autocast_mode.h>
+#include <catch2/catch.hpp>
+
+#include "unit/support.hpp"
+
+using namespace fulgur;
+using test::CpuTrainer;
+
+namespace {
+data::TensorLoader loader(std::int64_t samples, std::int64_t batch_size = 8, std::uint64_t seed = 0) {
+  auto [x, y] = test::classification_data(samples, seed);
+  return data::TensorLoader(x, y, {.batch_size = batch_size});
+}
+
+/// Counts validation runs and records what the test wants to see.
+struct ProbeImpl : test::ClassifierImpl {
+  void on_validation_start() { ++validations; }
+  void on_train_epoch_end(StepContext& ctx) { epochs_seen.push_back(ctx.current_epoch); }
+  at::Tensor training_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+    if (stop_at && *stop_at == std::pair{ctx.current_epoch, i}) ctx.should_stop = true;
+    const auto loss = ClassifierImpl::training_step(b, i);
+    return ctx.global_step == nan_at_step ? loss * std::numeric_limits<float>::quiet_NaN() : loss;
+  }
+  int validations = 0;
+  std::vector<std::int64_t> epochs_seen;
+  std::optional<std::pair<std::int64_t, std::int64_t>> stop_at;
+  std::int64_t nan_at_step = -1;
+};
+TORCH_MODULE(Probe);
+}  // namespace
+
+TEST_CASE("config: a value that cannot work names the field and the fix when the Trainer is built", "[loops][config]") {
+  auto refused = [](TrainerConfig config) {
+    return test::message_of<MisconfigurationError>([&] { CpuTrainer<FloatPrecision> trainer(test::quiet(config)); });
+  };
+  CHECK(refused({.max_steps = -5}) == "TrainerConfig::max_steps must be >= -1 (-1: no limit), got -5.");
+  CHECK(refused({.accumulate_grad_batches = 0}) == "TrainerConfig::accumulate_grad_batches must be >= 1, got 0.");
+  CHECK_THAT(refused({.limit_train_batches = 1.5}),
+             Catch::StartsWith("TrainerConfig::limit_train_batches as a fraction of the batches must lie in [0, 1]"));
+  CHECK_THAT(refused({.limit_val_batches = -2}), Catch::StartsWith("TrainerConfig::limit_val_batches as a number"));
+  CHECK_THAT(refused({.val_check_interval = 0}), Catch::StartsWith("TrainerConfig::val_check_interval as a number"));
+  CHECK_THAT(refused({.val_check_interval = 1.25}), Catch::Contains("must lie in (0, 1]"));
+  CHECK_THAT(refused({.val_check_interval = 0.5, .check_val_every_n_epoch = std::nullopt}),
+             Catch::Contains("must be an integer (a number of batches) when check_val_every_n_epoch is unset"));
+  CHECK(refused({.num_sanity_val_steps = -2}) ==
+        "TrainerConfig::num_sanity_val_steps must be >= -1 (-1: all validation batches), got -2.");
+  CHECK(refused({.check_val_every_n_epoch = 0}) == "TrainerConfig::check_val_every_n_epoch must be >= 1, got 0.");
+  CHECK(refused({.max_time = std::chrono::seconds(-1)}) == "TrainerConfig::max_time must not be negative, got -1 s.");
+  CHECK(refused({.log_every_n_steps = 0}) == "TrainerConfig::log_every_n_steps must be >= 1, got 0.");
+  // Checked before any policy is built: under DDP a bad num_nodes is named as such, not as a launch mismatch.
+  CHECK(test::message_of<MisconfigurationError>([] {
+          Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(test::quiet({.num_nodes = 0}));
+        }) == "TrainerConfig::num_nodes must be >= 1, got 0.");
+}
+
+TEST_CASE("limits: counts and fractions of the batches, as Lightning computes them", "[loops][limits]") {
+  auto train = loader(64);  // 8 batches
+  Probe model;
+  CHECK(CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1, .limit_train_batches = 0.5})).fit(model, train).global_step == 4);
+  CHECK(CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1, .limit_train_batches = 3})).fit(model, train).global_step == 3);
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] {
+               CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1, .limit_train_batches = 0.1})).fit(model, train);
+             }),
+             Catch::Contains("0.1 * 8 < 1. Please increase the `limit_train_batches` argument. Try at least "
+                             "`limit_train_batches=0.125"));
+  // limit_train_batches = 0: no training at all (Lightning's skip), and no error
+  const auto none = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 3, .limit_train_batches = 0})).fit(model, train);
+  CHECK(none.global_step == 0);
+  CHECK(none.epochs.empty());
+}
+
+TEST_CASE("validation placement: fractions, counts, across epochs, every n epochs, and the sanity check",
+          "[loops][validation]") {
+  auto train = loader(64);  // 8 batches
+  auto val = loader(16);
+  auto validations = [&](TrainerConfig config) {
+    Probe model;
+    CpuTrainer<FloatPrecision>(test::quiet(config)).fit(model, train, val);
+    return model->validations;
+  };
+  CHECK(validations({.max_epochs = 2, .num_sanity_val_steps = 0}) == 2);
+  CHECK(validations({.max_epochs = 2}) == 3);  // + the sanity check
+  CHECK(validations({.max_epochs = 2, .val_check_interval = 0.25, .num_sanity_val_steps = 0}) == 8);
+  CHECK(validations({.max_epochs = 2, .val_check_interval = 3, .num_sanity_val_steps = 0}) == 4);  // batches 3, 6
+  // counted across epochs: batches 5, 10, 15 of 16
+  CHECK(validations({.max_epochs = 2, .val_check_interval = 5, .check_val_every_n_epoch = std::nullopt,
+                     .num_sanity_val_steps = 0}) == 3);
+  CHECK(validations({.max_epochs = 4, .check_val_every_n_epoch = 2, .num_sanity_val_steps = 0}) == 2);
+  CHECK(validations({.max_epochs = 2, .limit_val_batches = 0}) == 0);
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { validations({.max_epochs = 1, .val_check_interval = 9}); }),
+             Catch::StartsWith("`val_check_interval` (9) must be less than or equal to the number of the training "
+                               "batches (8)."));
+}
+
+TEST_CASE("stopping: should_stop honours min_epochs; max_time stops at a batch; the reason is given", "[loops][stop]") {
+  auto train = loader(64);
+  {
+    Probe model;
+    model->stop_at = std::pair<std::int64_t, std::int64_t>{0, 2};
+    const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 5})).fit(model, train);
+    CHECK(r.global_step == 3);
+    CHECK(r.stop_reason == "should_stop was set");
+  }
+  {
+    Probe model;
+    model->stop_at = std::pair<std::int64_t, std::int64_t>{0, 2};
+    const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 5, .min_epochs = 2})).fit(model, train);
+    CHECK(model->epochs_seen == std::vector<std::int64_t>{0, 1});  // the request waits for min_epochs
+    CHECK(r.global_step == 16);                                    // then ends before the next epoch
+  }
+  {
+    Probe model;
+    const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 5, .max_time = std::chrono::seconds(0)}))
+                       .fit(model, train);
+    CHECK(r.global_step == 1);
+    CHECK_THAT(r.stop_reason, Catch::StartsWith("max_time=0.0000 s reached"));
+  }
+  {
+    Probe model;
+    const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 2})).fit(model, train);
+    CHECK(r.stop_reason == "max_epochs=2 reached");
+  }
+}
+
+// ---- regressions found by trying fulgur as a new user would ---------------------------------------
+
+TEST_CASE("regression: max_steps ending inside an epoch reports that epoch's loss and checks it", "[loops][regression]") {
+  auto [x, y] = test::classification_data(80);  // 10 batches of 8
+  {
+    data::TensorLoader clean(x, y, {.batch_size = 8});
+    Probe model;
+    const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_steps = 15})).fit(model, clean);
+    REQUIRE(r.epochs.size() == 2);
+    REQUIRE(r.epochs[1].train_loss.has_value());  // was reported as 0.0000
+    CHECK(*r.epochs[1].train_loss > 0.0);
+    CHECK(r.metrics.at("train_loss") == *r.epochs[1].train_loss);
+  }
+  {
+    Probe model;  // the loss at global_step 12 (epoch 1, batch 2) turns everything NaN
+    model->nan_at_step = 12;
+    data::TensorLoader clean(x, y, {.batch_size = 8});
+    const auto message = test::message_of<NonFiniteLossError>(
+        [&] { CpuTrainer<FloatPrecision>(test::quiet({.max_steps = 15})).fit(model, clean); });  // was a success
+    CHECK_THAT(message, Catch::StartsWith("fulgur: the loss is NaN at training_step at epoch 1, batch 4 (global_step 14)"));
+    CHECK_THAT(message, Catch::Contains("last seen finite at global_step 9"));
+  }
+}
+
+TEST_CASE("regression: validate() on a fresh module under 64-true and bf16-true converts the module too",
+          "[loops][regression]") {
+  auto val = loader(32);
+  {
+    test::Classifier model;
+    const auto r = CpuTrainer<DoublePrecision>(test::quiet()).validate(model, val);
+    CHECK(model->fc1->weight.scalar_type() == at::kDouble);
+    CHECK(std::isfinite(*r.loss));
+  }
+  {
+    test::Classifier model;
+    const auto r = CpuTrainer<BF16TruePrecision>(test::quiet()).test(model, val);
+    CHECK(model->fc1->weight.scalar_type() == at::kBFloat16);
+    CHECK(std::isfinite(r.metrics.at("test_loss")));
+  }
+}
+
+namespace {
+struct AlwaysNaNImpl : test::ClassifierImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t i) {
+    return ClassifierImpl::training_step(b, i) * std::numeric_limits<float>::quiet_NaN();
+  }
+  at::Tensor validation_step(const data::Batch& b, std::int64_t i) { return training_step(b, i); }
+};
+TORCH_MODULE(AlwaysNaN);
+}  // namespace
+
+TEST_CASE("regression: under 16-mixed a loss that stays NaN ends the run after the configured skipped steps",
+          "[loops][regression]") {
+  auto train = loader(160);  // 20 batches
+  {
+    AlwaysNaN model;  // used to skip 17 of 20 steps (scale 65536 -> 0.5) and end as a success
+    const auto message = test::message_of<NonFiniteLossError>(
+        [&] { CpuTrainer<FP16MixedPrecision>(test::quiet({.max_epochs = 1, .max_consecutive_skipped_steps = 5})).fit(model, train); });
+    CHECK_THAT(message, Catch::StartsWith("fulgur: the loss scaler skipped 5 optimizer steps in a row (inf/NaN "
+                                          "gradients every time), the last at training_step at epoch 0, batch 4 "
+                                          "(global_step 4) under precision '16-mixed'"));
+    CHECK_THAT(message, Catch::Contains("raise TrainerConfig::max_consecutive_skipped_steps"));
+  }
+  {
+    AlwaysNaN model;  // 0: never stop, every step skipped and counted
+    const auto r = CpuTrainer<FP16MixedPrecision>(test::quiet({.max_epochs = 1, .max_consecutive_skipped_steps = 0}))
+                       .fit(model, train);
+    CHECK(r.skipped_optimizer_steps == 20);
+  }
+}
+
+TEST_CASE("regression: a NaN validation loss is reported", "[loops][regression]") {
+  struct NaNValidationImpl : test::ClassifierImpl {
+    at::Tensor validation_step(const data::Batch& b, std::int64_t i) {
+      return ClassifierImpl::validation_step(b, i) * std::numeric_limits<float>::quiet_NaN();
+    }
+  };
+  auto model = std::make_shared<NaNValidationImpl>();
+  const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1, .num_sanity_val_steps = 0}))
+                     .fit(model, loader(32), loader(16));
+  REQUIRE(r.warnings.size() == 1);
+  CHECK_THAT(r.warnings[0], Catch::StartsWith("fulgur: the validation loss is NaN at epoch 0 (global_step 4)"));
+  CHECK(std::isnan(*r.epochs[0].val_loss));
+}
+
+TEST_CASE("regression: fit, validate, test and predict take temporaries", "[loops][regression]") {
+  auto [x, y] = test::classification_data(32);
+  CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+  test::Classifier model;
+  CHECK(trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 8}), data::TensorLoader(x, y, {.batch_size = 8}))
+            .global_step == 4);
+  CHECK(trainer.fit(test::Classifier(), std::vector<data::Batch>{{x, y}}).global_step == 1);
+  CHECK(trainer.validate(model, data::TensorLoader(x, y)).loss.has_value());
+}
+
+// ---- manual optimization and several optimizers ---------------------------------------------------
+
+namespace {
+/// A GAN in miniature: a generator maps noise to 2-d points, a discriminator tells them from data
+/// drawn around (2, -1). Two optimizers, stepped by the module itself.
+struct TinyGanImpl : torch::nn::Module {
+  static constexpr bool automatic_optimization = false;
+  TinyGanImpl()
+      : generator(register_module("generator", torch::nn::Linear(2, 2))),
+        discriminator(register_module("discriminator", torch::nn::Linear(2, 1))) {}
+  void training_step(const data::Batch& batch, std::int64_t, StepContext& ctx) {
+    auto& d_opt = ctx.optimizer(0);
+    auto& g_opt = ctx.optimizer(1);
+    const auto bce = [](const at::Tensor& logits, double target) {
+      return torch::binary_cross_entropy_with_logits(logits, torch::full_like(logits, target));
+    };
+    const auto fake = generator(torch::randn({batch.input.size(0), 2}));
+    ctx.toggle_optimizer(d_opt);
+    CHECK_FALSE(generator->weight.requires_grad());  // only the discriminator learns here
+    const auto d_loss = bce(discriminator(batch.input), 1.0) + bce(discriminator(fake.detach()), 0.0);
+    d_opt.zero_grad();
+    ctx.manual_backward(d_loss);
+    d_opt.step();
+    ctx.untoggle_optimizer(d_opt);
+    ctx.toggle_optimizer(g_opt);
+    const auto g_loss = bce(discriminator(generator(torch::randn({batch.input.size(0), 2}))), 1.0);
+    g_opt.zero_grad();
+    ctx.manual_backward(g_loss);
+    ctx.clip_gradients(g_opt, {.max_norm = 10.0});
+    g_opt.step();
+    ctx.untoggle_optimizer(g_opt);
+    ctx.log("d_loss", d_loss, {.prog_bar = true});
+    ctx.log("g_loss", g_loss);
+    if (auto* scheduler = ctx.lr_schedulers()[1]; *scheduler) scheduler->step();
+  }
+  std::vector<OptimizerConfig> configure_optimizers() {
+    std::vector<OptimizerConfig> configs;
+    configs.push_back({std::make_unique<torch::optim::Adam>(discriminator->parameters(), 1e-2)});
+    auto g = std::make_unique<torch::optim::Adam>(generator->parameters(), 1e-2);
+    auto schedule = std::make_unique<torch::optim::StepLR>(*g, /*step_size=*/1000, /*gamma=*/0.5);
+    configs.push_back({std::move(g), std::move(schedule)});
+    return configs;
+  }
+  torch::nn::Linear generator, discriminator;
+};
+TORCH_MODULE(TinyGan);
+}  // namespace
+
+TEST_CASE("manual optimization: two optimizers stepped by the module, each step counted", "[loops][manual]") {
+  torch::manual_seed(0);
+  const auto real = torch::randn({256, 2}) * 0.1 + torch::tensor({2.0f, -1.0f});
+  data::TensorLoader train(real, torch::zeros({256}), {.batch_size = 32, .shuffle = true});
+  TinyGan gan;
+  const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 30})).fit(gan, train);
+  CHECK(r.global_step == 30 * 8 * 2);  // Lightning counts every optimizer's steps
+  CHECK(r.metrics.count("d_loss") == 1);
+  CHECK(r.progress_bar_metrics.count("d_loss") == 1);
+  torch::NoGradGuard no_grad;
+  const auto generated = gan->generator(torch::randn({512, 2})).mean(0);
+  CHECK(generated[0].item<double>() == Approx(2.0).margin(0.5));  // the generator learnt where the data is
+  CHECK(generated[1].item<double>() == Approx(-1.0).margin(0.5));
+  CHECK(gan->generator->weight.requires_grad());  // untoggled
+  // Lightning's refusals for manual optimization, named with the fix
+  CHECK_THAT(test::message_of<MisconfigurationError>(
+                 [&] { CpuTrainer<FloatPrecision>(test::quiet({.accumulate_grad_batches = 2})).fit(gan, train); }),
+             Catch::StartsWith("Automatic gradient accumulation is not supported for manual optimization."));
+  CHECK_THAT(test::message_of<MisconfigurationError>(
+                 [&] { CpuTrainer<FloatPrecision>(test::quiet({.gradient_clip_val = 1.0})).fit(gan, train); }),
+             Catch::StartsWith("Automatic gradient clipping is not supported for manual optimization."));
+}
+
+TEST_CASE("several optimizers under automatic optimization are refused with Lightning's reason", "[loops][manual]") {
+  struct TwoOptimizersImpl : test::ClassifierImpl {
+    std::vector<OptimizerConfig> configure_optimizers() {
+      std::vector<OptimizerConfig> configs;
+      configs.push_back({std::make_unique<torch::optim::SGD>(fc1->parameters(), 0.1)});
+      configs.push_back({std::make_unique<torch::optim::SGD>(fc2->parameters(), 0.1)});
+      return configs;
+    }
+  };
+  auto model = std::make_shared<TwoOptimizersImpl>();
+  CHECK_THAT(test::message_of<MisconfigurationError>(
+                 [&] { CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1})).fit(model, loader(16)); }),
+             Catch::StartsWith("Training with multiple optimizers is only supported with manual optimization."));
+  CHECK_THAT(test::message_of<MisconfigurationError>([] {
+               StepContext ctx;
+               ctx.optimizers();
+             }),
+             Catch::Contains("is for manual optimization: declare `static constexpr bool automatic_optimization = false;`"));
+}
+
+// ---- schedulers -----------------------------------------------------------------------------------
+
+namespace {
+struct PlateauImpl : test::ClassifierImpl {
+  PlateauImpl() : ClassifierImpl(8, 16, 3, /*use_sgd=*/true, /*lr=*/0.0) {}  // lr 0: the loss never improves
+  OptimizerConfig configure_optimizers() {
+    auto sgd = std::make_unique<torch::optim::SGD>(parameters(), 1.0);
+    optimizer = sgd.get();
+    auto plateau = std::make_unique<torch::optim::ReduceLROnPlateauScheduler>(
+        *sgd, torch::optim::ReduceLROnPlateauScheduler::min, /*factor=*/0.5, /*patience=*/0);
+    return {.optimizer = std::move(sgd), .lr_scheduler = std::move(plateau), .monitor = monitor};
+  }
+  at::Tensor training_step(const data::Batch& b, std::int64_t i) { return ClassifierImpl::training_step(b, i) * 0.0; }
+  void on_train_end() { final_lr = optimizer->param_groups()[0].options().get_lr(); }  // fit owns the optimizer
+  torch::optim::Optimizer* optimizer = nullptr;
+  double final_lr = 0.0;
+  std::string monitor = "val_loss";
+};
+TORCH_MODULE(Plateau);
+}  // namespace
+
+TEST_CASE("ReduceLROnPlateau steps on its monitored metric; a metric never logged is named", "[loops][scheduler]") {
+  auto train = loader(32);
+  auto val = loader(16);
+  {
+    Plateau model;  // val_loss never improves: patience 0 halves the lr after the first epoch that fails to improve
+    CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 3, .num_sanity_val_steps = 0})).fit(model, train, val);
+    CHECK(model->final_lr == 0.25);
+  }
+  {
+    Plateau model;
+    model->monitor = "val_acc";
+    CHECK_THAT(test::message_of<MisconfigurationError>([&] {
+                 CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1, .num_sanity_val_steps = 0})).fit(model, train, val);
+               }),
+               Catch::StartsWith("ReduceLROnPlateau conditioned on metric val_acc which is not available. Available "
+                                 "metrics are: [") &&
+                   Catch::Contains("'val_loss'"));
+  }
+}
+
+// ---- test and predict --------------------------------------------------------------------------
+
+TEST_CASE("predict: the predictions, on the CPU, in order, in the default dtype", "[loops][predict]") {
+  struct PredictorImpl : test::ClassifierImpl {
+    at::Tensor predict_step(const data::Batch& b, std::int64_t) { return forward(b.input); }
+  };
+  auto model = std::make_shared<PredictorImpl>();
+  auto [x, y] = test::classification_data(20);
+  data::TensorLoader data(x, y, {.batch_size = 8});
+  CpuTrainer<BF16TruePrecision> trainer(test::quiet({.limit_predict_batches = 2}));
+  const std::vector<at::Tensor> predictions = trainer.predict(model, data);
+  REQUIRE(predictions.size() == 2);
+  CHECK(predictions[0].sizes() == at::IntArrayRef({8, 3}));
+  CHECK(predictions[0].scalar_type() == at::kFloat);  // converted back from bfloat16
+  CHECK(predictions[0].device().is_cpu());
+  torch::NoGradGuard no_grad;
+  const auto expected = model->forward(x.narrow(0, 8, 8).to(at::kBFloat16)).to(at::kFloat);
+  CHECK(torch::equal(predictions[1], expected));  // the second batch, in order
+  CHECK(model->is_training());                     // back to its mode after predicting
+}
+
+// ---- logging rules, exceptions -----------------------------------------------------------------
+
+TEST_CASE("logging: where a hook may not log, on_step in an epoch hook, two different calls", "[loops][logging]") {
+  struct LogsInFitStartImpl : test::ClassifierImpl {
+    void on_fit_start(StepContext& ctx) { ctx.log("x", 1.0); }
+  };
+  struct StepInEpochHookImpl : test::ClassifierImpl {
+    void on_train_epoch_end(StepContext& ctx) { ctx.log("x", 1.0, {.on_step = true}); }
+  };
+  struct TwoWaysImpl : test::ClassifierImpl {
+    at::Tensor training_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+      ctx.log("x", 1.0, {.prog_bar = i % 2 == 0});
+      return ClassifierImpl::training_step(b, i);
+    }
+  };
+  CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+  auto train = loader(16);
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { trainer.fit(std::make_shared<LogsInFitStartImpl>(), train); }),
+             Catch::StartsWith("You can't `log()` inside `on_fit_start`"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { trainer.fit(std::make_shared<StepInEpochHookImpl>(), train); }),
+             Catch::StartsWith("You can't log \"x\" with on_step = true in `on_train_epoch_end`"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { trainer.fit(std::make_shared<TwoWaysImpl>(), train); }),
+             Catch::StartsWith("You called `log(\"x\", ...)` twice in `training_step` with different arguments."));
+}
+
+namespace {
+struct UserError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct FailsImpl : test::ClassifierImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t i) {
+    if (i == 2) throw UserError("the user's own error");
+    return ClassifierImpl::training_step(b, i);
+  }
+  void on_exception(const std::exception& e) { seen = e.what(); }
+  void on_fit_end() { ended = true; }
+  std::string seen;
+  bool ended = false;
+};
+TORCH_MODULE(Fails);
+}  // namespace
+
+TEST_CASE("an exception in a step reaches on_exception, then the caller unchanged", "[loops][errors]") {
+  Fails model;
+  CHECK_THROWS_AS(CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1})).fit(model, loader(32)), UserError);
+  CHECK(model->seen == "the user's own error");
+  CHECK_FALSE(model->ended);
+}
+
+TEST_CASE("the sanity check does not change the random state training sees", "[loops][validation]") {
+  struct NoisyImpl : test::ClassifierImpl {
+    at::Tensor training_step(const data::Batch& b, std::int64_t i) {
+      return ClassifierImpl::training_step(b, i) + 1e-3 * torch::rand({}) ;
+    }
+    at::Tensor validation_step(const data::Batch& b, std::int64_t i) {
+      (void)torch::rand({100});  // draws from the global generator
+      return ClassifierImpl::validation_step(b, i);
+    }
+  };
+  auto run = [](std::int64_t sanity_steps) {
+    torch::manual_seed(3);
+    auto model = std::make_shared<NoisyImpl>();
+    CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1, .num_sanity_val_steps = sanity_steps}))
+        .fit(model, loader(32), loader(16));
+    return test::snapshot(*model);
+  };
+  const auto with_check = run(2), without = run(0);
+  for (std::size_t i = 0; i < with_check.size(); ++i) CHECK(torch::equal(with_check[i], without[i]));
+}
+
+TEST_CASE("a module in eval mode at the start of training is reported", "[loops][warnings]") {
+  test::Classifier model;
+  model->eval();
+  const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1})).fit(model, loader(16));
+  REQUIRE(r.warnings.size() == 1);
+  CHECK_THAT(r.warnings[0], Catch::StartsWith("fulgur: the module is in eval mode at the start of training"));
+}
+
+// ---- devices: tensors and modules created on the root device ---------------------------------------
+
+TEST_CASE("DefaultDeviceGuard: factories without a device go to the guard's device; nothing else changes",
+          "[loops][device]") {
+  const auto cpu = torch::ones({2});
+  {
+    DefaultDeviceGuard on_meta(c10::Device(c10::kMeta));  // a device with no memory: any device works the same way
+    CHECK(torch::zeros({3}).is_meta());
+    CHECK(torch::randn({2, 2}).is_meta());
+    CHECK(torch::nn::Linear(4, 5)->weight.is_meta());        // a module's parameters, created in place
+    CHECK(torch::ones({2}, at::kCPU).device().is_cpu());    // an explicit device is kept
+    CHECK(cpu.to(at::kDouble).device().is_cpu());           // operators on tensors are left alone
+    CHECK(torch::empty_like(cpu).device().is_cpu());
+    {
+      DefaultDeviceGuard nested(std::nullopt);  // nothing to do: still the meta device
+      CHECK(torch::zeros({1}).is_meta());
+    }
+    CHECK(DefaultDeviceGuard::current() == c10::Device(c10::kMeta));
+  }
+  CHECK_FALSE(DefaultDeviceGuard::current().has_value());
+  CHECK(torch::zeros({3}).device().is_cpu());
+  // The Trainer's contexts: on CPU they create CPU tensors in the precision's dtype.
+  CpuTrainer<DoublePrecision> trainer(test::quiet());
+  auto init = trainer.init_tensor();
+  CHECK(torch::zeros({1}).scalar_type() == at::kDouble);
+}
+
+TEST_CASE("bad input in validate, test and predict names the step, the batch and the tensors", "[loops][errors]") {
+  struct PredictorImpl : test::ClassifierImpl {
+    at::Tensor predict_step(const data::Batch& b, std::int64_t) { return forward(b.input); }
+  };
+  auto model = std::make_shared<PredictorImpl>();
+  data::TensorLoader narrow(torch::randn({16, 7}), torch::zeros({16}, at::kLong), {.batch_size = 8});
+  CpuTrainer<FloatPrecision> trainer(test::quiet());
+  const auto validated = test::message_of<StepError>([&] { trainer.validate(model, narrow); });
+  CHECK_THAT(validated, Catch::StartsWith("fulgur: validation_step at epoch 0, batch 0 (global_step 0) failed under "
+                                          "precision '32-true'"));
+  CHECK_THAT(validated, Catch::Contains("input float32[8, 7] on cpu"));
+  CHECK_THAT(test::message_of<StepError>([&] { trainer.test(model, narrow); }), Catch::StartsWith("fulgur: test_step at"));
+  CHECK_THAT(test::message_of<StepError>([&] { trainer.predict(model, narrow); }),
+             Catch::StartsWith("fulgur: predict_step at"));
+  std::vector<data::Batch> none;
+  CHECK_THAT(test::message_of<DataError>([&] { trainer.validate(model, none); }),
+             Catch::StartsWith("fulgur: the validation data yielded no batches"));
+}
+
+// ---- found by a new-user probe of this loops -----------------------------------------------
+
+TEST_CASE("probe: a stop requested in an epoch hook is reported as the reason", "[loops][regression]") {
+  struct StopAtEpochEndImpl : test::ClassifierImpl {
+    void on_train_epoch_end(StepContext& ctx) { ctx.should_stop = true; }
+  };
+  const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 5}))
+                     .fit(std::make_shared<StopAtEpochEndImpl>(), loader(32));
+  CHECK(r.epochs.size() == 1);
+  CHECK(r.stop_reason == "should_stop was set");  // was empty
+}
+
+TEST_CASE("probe: train_loss is a callback metric a scheduler can monitor", "[loops][regression]") {
+  Plateau model;
+  model->monitor = "train_loss";  // no validation data: used to be "not available"
+  CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 3})).fit(model, loader(32));
+  CHECK(model->final_lr == 0.25);  // the loss is constant (lr 0): two reductions after the first epoch
+}
+
+TEST_CASE("probe: validate's metrics are the run's epoch values, without _step values", "[loops][regression]") {
+  struct StepLoggingImpl : test::ClassifierImpl {
+    at::Tensor validation_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+      const auto loss = ClassifierImpl::validation_step(b, i);
+      ctx.log("both", loss, {.on_step = true});
+      return loss;
+    }
+  };
+  const auto r = CpuTrainer<FloatPrecision>(test::quiet()).validate(std::make_shared<StepLoggingImpl>(), loader(32));
+  CHECK(r.metrics.count("both_epoch") == 1);
+  CHECK(r.metrics.count("both_step") == 0);
+  CHECK(r.metrics.count("val_loss") == 1);
+}
+
+TEST_CASE("probe: a NaN validation loss in the sanity check is kept too; empty validation data is named",
+          "[loops][regression]") {
+  struct NaNValidationImpl : test::ClassifierImpl {
+    at::Tensor validation_step(const data::Batch&, std::int64_t) { return torch::full({}, std::nan("")); }
+  };
+  const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 2}))
+                     .fit(std::make_shared<NaNValidationImpl>(), loader(32), loader(16));
+  REQUIRE(r.warnings.size() == 3);
+  CHECK_THAT(r.warnings[0], Catch::Contains("NaN at epoch 0 (global_step 0)"));  // the sanity check's
+  test::Classifier model;
+  CHECK_THAT(test::message_of<DataError>([&] {
+               CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1})).fit(model, loader(32), std::vector<data::Batch>{});
+             }),
+             Catch::StartsWith("fulgur: the validation data yielded no batches; give it samples, set "
+                               "limit_val_batches = 0, or call fit without it."));
+}
