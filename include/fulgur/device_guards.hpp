@@ -17,7 +17,7 @@
 
 namespace fulgur {
 
-class DefaultDeviceGuard {
+class [[nodiscard]] DefaultDeviceGuard {
  public:
   explicit DefaultDeviceGuard(std::optional<c10::Device> device);
   ~DefaultDeviceGuard();

@@ -48,6 +48,11 @@ enum class LogScope {
   epoch_only,   ///< on_epoch only (epoch-level hooks, on_train_start, ...)
 };
 
+/// The dtype epoch values accumulate in: float64, or float32 where the device has no float64 (MPS).
+inline c10::ScalarType accumulation_dtype(const c10::Device& device) {
+  return device.type() == c10::kMPS ? at::kFloat : at::kDouble;
+}
+
 /// Named tensors, updated in place by name (no allocation once a name is known).
 class TensorMap {
  public:
@@ -101,6 +106,8 @@ class MetricCollection {
     scope_ = scope;
   }
   void set_batch_size(std::int64_t batch_size) { batch_size_ = batch_size; }
+  /// Where values are kept and reduced: the training device (so sync_dist works over NCCL too).
+  void set_device(c10::Device device) { device_ = device; }
 
   void log(std::string_view name, const at::Tensor& value, const LogOptions& options) {
     if (scope_ == LogScope::none)
@@ -121,13 +128,13 @@ class MetricCollection {
                                   std::to_string(value.numel()) + " elements" : std::string("an undefined tensor")) +
                                   "; reduce it first (.mean(), .sum()).");
     Entry& e = entry(name, on_step, on_epoch, options);
-    const at::Tensor v = value.detach().reshape({});
+    const at::Tensor v = placed(value);
     e.fresh = true;
-    if (on_step) e.step_value = v.is_floating_point() ? v : v.to(at::kDouble);
+    if (on_step) e.step_value = v;
     if (!on_epoch) return;
     const double weight = static_cast<double>(options.batch_size.value_or(batch_size_));
     if (!e.accumulated.defined()) {
-      e.accumulated = at::zeros({}, v.options().dtype(at::kDouble));
+      e.accumulated = at::zeros({}, v.options().dtype(accumulation_dtype(device_)));
       if (e.options.reduce == ReduceOp::max) e.accumulated.fill_(-std::numeric_limits<double>::infinity());
       if (e.options.reduce == ReduceOp::min) e.accumulated.fill_(std::numeric_limits<double>::infinity());
     }
@@ -196,6 +203,15 @@ class MetricCollection {
     std::string step_key, epoch_key;  // name_step / name_epoch when logged both ways, else name
   };
 
+  /// The value as one floating-point number on the training device (a copy only where needed).
+  at::Tensor placed(const at::Tensor& value) const {
+    at::Tensor v = value.detach().reshape({});
+    const c10::ScalarType wide = accumulation_dtype(device_);
+    const bool keep_dtype = v.is_floating_point() && !(wide == at::kFloat && v.scalar_type() == at::kDouble);
+    if (v.device() != device_ || !keep_dtype) v = v.to(device_, keep_dtype ? v.scalar_type() : wide);
+    return v;
+  }
+
   Entry& entry(std::string_view name, bool on_step, bool on_epoch, const LogOptions& options) {
     for (auto& e : entries_) {
       if (e.hook != hook_ || e.name != name) continue;
@@ -226,6 +242,7 @@ class MetricCollection {
   std::string_view hook_ = "training_step";
   LogScope scope_ = LogScope::none;
   std::int64_t batch_size_ = 1;
+  c10::Device device_{c10::kCPU};
   std::vector<Entry> entries_;
 };
 

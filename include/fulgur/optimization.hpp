@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "fulgur/errors.hpp"
+
 namespace fulgur {
 
 enum class SchedulerInterval { epoch, step };
@@ -34,7 +36,13 @@ class AnyLRScheduler {
   explicit operator bool() const { return stepwise_ || plateau_; }
   bool reduce_on_plateau() const { return plateau_ != nullptr; }
   /// A stepwise scheduler's step.
-  void step() { stepwise_->step(); }
+  void step() {
+    if (!stepwise_)
+      throw MisconfigurationError(plateau_ ? "AnyLRScheduler::step(): a ReduceLROnPlateau scheduler steps on a "
+                                             "value: call step(monitored)."
+                                           : "AnyLRScheduler::step(): no scheduler was given for this optimizer.");
+    stepwise_->step();
+  }
   /// The step PyTorch's LRScheduler takes in its constructor and LibTorch's does not: without
   /// it, StepLR(step_size = 1) would first decay at its second step() instead of its first.
   /// The loops take it once, when configure_optimizers hands the scheduler over.
@@ -42,7 +50,13 @@ class AnyLRScheduler {
     if (stepwise_) stepwise_->step();
   }
   /// ReduceLROnPlateau's step on the monitored value.
-  void step(double monitored) { plateau_->step(static_cast<float>(monitored)); }
+  void step(double monitored) {
+    if (!plateau_)
+      throw MisconfigurationError(stepwise_ ? "AnyLRScheduler::step(value): only ReduceLROnPlateau steps on a value; "
+                                              "call step()."
+                                            : "AnyLRScheduler::step(value): no scheduler was given for this optimizer.");
+    plateau_->step(static_cast<float>(monitored));
+  }
 
   torch::optim::LRScheduler* stepwise() const { return stepwise_.get(); }
   torch::optim::ReduceLROnPlateauScheduler* plateau() const { return plateau_.get(); }

@@ -92,7 +92,10 @@ class StepContext {
   }
   /// The schedulers configure_optimizers returned (one per optimizer; empty ones where none was
   /// given). Under manual optimization you step them yourself, as in Lightning.
-  std::span<AnyLRScheduler* const> lr_schedulers() const { return schedulers_; }
+  std::span<AnyLRScheduler* const> lr_schedulers() const {
+    require_manual("lr_schedulers");
+    return schedulers_;
+  }
   /// Backward through the strategy and precision (loss scaling, gradient sync), with the
   /// on_before_backward/on_after_backward hooks.
   void manual_backward(const at::Tensor& loss) {

@@ -153,7 +153,8 @@ class Trainer {
     torch::nn::Module& m = detail::referent(module);
     precision_.convert_module(m);
     strategy_.module_to_device(m);
-    if (use == ModuleSetup::training) strategy_.setup_module(m);
+    if (use == ModuleSetup::evaluation) return;  // backward(loss) keeps the module set up for training
+    strategy_.setup_module(m);
     module_ = &m;
   }
   template <class... Optimizers>

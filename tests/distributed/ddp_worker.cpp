@@ -292,6 +292,8 @@ void fault() {
 // 16-mixed: an overflow on rank 1 alone makes both ranks skip the same step (gradients are
 // all-reduced while still scaled); a sync_dist metric is averaged over ranks; only rank 0 writes.
 struct OverflowOnRank1Impl : NetImpl {
+  void setup(Stage, StepContext& ctx) { rank_in_setup = ctx.global_rank; }  // the set-up hooks know the rank
+  int rank_in_setup = -1;
   at::Tensor training_step(const data::Batch& b, std::int64_t batch_idx, StepContext& ctx) {
     ctx.log("rank", static_cast<double>(ctx.global_rank), {.sync_dist = true});
     auto loss = NetImpl::training_step(b, batch_idx);
@@ -313,6 +315,9 @@ void amp_agreement() {
     check(torch::equal(trainer.all_gather(p.detach())[0], trainer.all_gather(p.detach())[1]), "replicas identical");
   check(result.metrics.at("rank") == 0.5, "sync_dist averages the logged value over ranks: " +
                                               std::to_string(result.metrics.at("rank")));
+  check(model->rank_in_setup == my_rank, "setup(stage, ctx) sees this rank: " + std::to_string(model->rank_in_setup));
+  const auto losses = trainer.all_gather(at::scalar_tensor(result.metrics.at("train_loss"), at::kDouble));
+  check(losses[0].item<double>() == losses[1].item<double>(), "train_loss is averaged over the ranks (monitors agree)");
   // save_checkpoint: only global rank 0 writes (each rank names its own file to tell them apart).
   char folder[] = "/tmp/fulgur_ddp_ckpt_XXXXXX";
   std::string dir = trainer.strategy().broadcast(my_rank == 0 ? std::string(::mkdtemp(folder)) : std::string(), 0);
@@ -326,6 +331,32 @@ void amp_agreement() {
     ::unlink((dir + "/from_rank_0.ckpt").c_str());
     ::rmdir(dir.c_str());
   }
+}
+
+// A NaN loss on rank 1 alone: both ranks stop with the same NonFiniteLossError (the loss read is
+// averaged over the ranks), not rank 0 with a lost-peer error.
+struct NaNOnRank1Impl : NetImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t batch_idx) {
+    auto loss = NetImpl::training_step(b, batch_idx);
+    return my_rank == 1 && batch_idx == 2 ? loss * std::numeric_limits<float>::quiet_NaN() : loss;
+  }
+};
+TORCH_MODULE(NaNOnRank1);
+
+void nonfinite() {
+  auto [x, y] = dataset(128);
+  NaNOnRank1 model;
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(
+      config({.max_epochs = 1, .finite_loss_check = FiniteLossCheck::every_step}), options());
+  data::TensorLoader loader(x, y, {.batch_size = 16});
+  std::string message;
+  try {
+    trainer.fit(model, loader);
+  } catch (const NonFiniteLossError& e) {
+    message = e.what();
+  }
+  check(message.find("the loss is NaN at training_step at epoch 0, batch 2") != std::string::npos,
+        "every rank names the NaN batch: '" + message + "'");
 }
 
 // Two "nodes" (network namespaces, tests/distributed/two_nodes.sh): num_nodes=2, one device each,
@@ -383,6 +414,7 @@ int main(int argc, char** argv) {
     else if (scenario == "fault") fault();
     else if (scenario == "launched") launched();
     else if (scenario == "amp") amp_agreement();
+    else if (scenario == "nonfinite") nonfinite();
     else if (scenario == "two_nodes") two_nodes();
     else {
       std::cerr << "usage: ddp_worker collectives|parity|accumulation|unused|fault\n";

@@ -74,6 +74,31 @@ TEST_CASE("a strategy that changes one member (from strategy_defaults) trains th
   CHECK_FALSE(plain->fc1->weight.isfinite().all().item<bool>());
 }
 
+namespace {
+/// DDP with one member changed, named as its own Derived, so the defaults DDP inherits call it too.
+struct CountingDDPStrategy : BasicDDPStrategy<backend::Gloo, CountingDDPStrategy> {
+  void setup_module(torch::nn::Module& module) {
+    ++setups;
+    BasicDDPStrategy::setup_module(module);
+  }
+  int setups = 0;
+};
+}  // namespace
+
+TEST_CASE("a strategy derived from DDP with its own name as Derived: the defaults call its override", "[extension]") {
+  if (std::getenv("RANK") || std::getenv("SLURM_PROCID")) return;  // needs a world of one
+  STATIC_REQUIRE(strategy<CountingDDPStrategy>);
+  Trainer<CPUAccelerator, CountingDDPStrategy, FloatPrecision> trainer(test::quiet({.max_epochs = 1}),
+                                                                      {.bucket_bytes = 4096});
+  test::Classifier model;
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  trainer.setup(model, optimizer);  // setup_module_and_optimizers, a default, reaches the override
+  CHECK(trainer.strategy().setups == 1);
+  trainer.fit(model, loader(32));
+  CHECK(trainer.strategy().setups == 2);
+  CHECK(trainer.combination_name() == "cpu/ddp/32-true");
+}
+
 TEST_CASE("a strategy that derives from nothing satisfies the concept and trains", "[extension]") {
   STATIC_REQUIRE(strategy<AnnouncingStrategy>);
   STATIC_REQUIRE(!std::is_base_of_v<strategy_defaults<SingleDeviceStrategy>, AnnouncingStrategy>);

@@ -546,3 +546,59 @@ TEST_CASE("probe: a NaN validation loss in the sanity check is kept too; empty v
              Catch::StartsWith("fulgur: the validation data yielded no batches; give it samples, set "
                                "limit_val_batches = 0, or call fit without it."));
 }
+
+// ---- found by a review of this issue's loops ---------------------------------------------------------
+
+TEST_CASE("review: every evaluation hook runs without gradients (inference mode outside fit)", "[loops][regression]") {
+  struct GradProbeImpl : test::ClassifierImpl {
+    void on_validation_epoch_start() { grad_at_start.push_back(torch::GradMode::is_enabled()); }
+    void on_validation_epoch_end() {
+      grad_at_end.push_back(torch::GradMode::is_enabled());
+      inference_at_end.push_back(c10::InferenceMode::is_enabled());
+    }
+    std::vector<bool> grad_at_start, grad_at_end, inference_at_end;
+  };
+  auto model = std::make_shared<GradProbeImpl>();
+  CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1, .num_sanity_val_steps = 0}));
+  trainer.fit(model, loader(16), loader(16));
+  trainer.validate(model, loader(16));
+  CHECK(model->grad_at_start == std::vector<bool>{false, false});
+  CHECK(model->grad_at_end == std::vector<bool>{false, false});
+  CHECK(model->inference_at_end == std::vector<bool>{false, true});  // fit: no_grad; validate: inference mode
+  CHECK(torch::GradMode::is_enabled());
+}
+
+TEST_CASE("review: an epoch plateau scheduler steps when the run stops at the epoch's last batch", "[loops][regression]") {
+  Plateau model;
+  model->monitor = "train_loss";
+  CpuTrainer<FloatPrecision>(test::quiet({.max_steps = 8})).fit(model, loader(32));  // 2 epochs of 4 batches
+  CHECK(model->final_lr == 0.5);  // epoch 1 did not improve: was left at 1.0
+}
+
+TEST_CASE("review: scheduler handles refuse the wrong call instead of crashing", "[loops][regression]") {
+  AnyLRScheduler none;
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { none.step(); }),
+             Catch::Contains("no scheduler was given for this optimizer"));
+  torch::nn::Linear layer(2, 2);
+  torch::optim::SGD sgd(layer->parameters(), 0.1);
+  AnyLRScheduler plateau(std::make_unique<torch::optim::ReduceLROnPlateauScheduler>(sgd));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { plateau.step(); }),
+             Catch::Contains("steps on a value: call step(monitored)"));
+  AnyLRScheduler stepwise(std::make_unique<torch::optim::StepLR>(sgd, 1));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { stepwise.step(1.0); }),
+             Catch::Contains("only ReduceLROnPlateau steps on a value"));
+  StepContext ctx;
+  CHECK_THROWS_AS(ctx.lr_schedulers(), MisconfigurationError);  // was an empty span indexed out of bounds
+}
+
+TEST_CASE("review: a new run's set-up makes the loss scaler forget an interrupted step", "[loops][regression]") {
+  FP16MixedPrecision precision;
+  torch::nn::Linear layer(4, 2);
+  torch::optim::SGD sgd(layer->parameters(), 0.1);
+  precision.backward(layer(torch::randn({3, 4})).sum(), *layer);
+  precision.unscale_gradients(sgd);  // a run that ends here (a hook threw) leaves the stage `unscaled`
+  REQUIRE(precision.scaler().stage(sgd) == GradScaler::Stage::unscaled);
+  precision.convert_module(*layer);  // the next run's set-up
+  CHECK(precision.scaler().stage(sgd) == GradScaler::Stage::ready);
+  CHECK(precision.scaler().get_scale() == 65536.0);  // the scale itself is kept
+}

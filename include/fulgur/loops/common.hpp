@@ -177,6 +177,31 @@ void run_setup_hooks(Fabric& fabric, hooks::HookCaller<Module>& hook, Stage stag
   }
 }
 
+/// A stage that only evaluates (validate, test, predict): the set-up hooks, the module converted
+/// to the precision and moved to the device, as fit does (under DDP without the broadcast of rank
+/// 0's weights, as in Lightning: give every rank the same weights), the
+/// loader processed by the strategy, then `run(hook, loader)`, then teardown(stage); an exception
+/// reaches on_exception on its way out, unchanged.
+template <class Fabric, class Module, class Data, class Run>
+auto run_evaluation_stage(Fabric& fabric, Module& module, Data& data, Stage stage, Run&& run) {
+  StepContext ctx;
+  ctx.stage = stage;
+  ctx.global_rank = fabric.global_rank();
+  ctx.world_size = fabric.world_size();
+  hooks::HookCaller<Module> hook(module, ctx);
+  try {
+    run_setup_hooks(fabric, hook, stage);
+    fabric.setup_module(module, ModuleSetup::evaluation);
+    auto&& loader = fabric.setup_dataloader(data);
+    auto result = run(hook, loader);
+    hook(hooks::teardown, stage);
+    return result;
+  } catch (const std::exception& e) {
+    hook(hooks::on_exception, e);
+    throw;
+  }
+}
+
 inline std::string fixed(double v) {
   char text[32];
   std::snprintf(text, sizeof text, "%.4f", v);

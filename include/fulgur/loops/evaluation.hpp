@@ -85,9 +85,17 @@ class EvaluationLoop {
 
   /// At most max_batches batches (-1: all of them).
   EvaluationResult run(std::int64_t max_batches, EvaluationMode mode) {
+    // Every hook of the run too, not only the steps (Lightning's _no_grad_context around run).
+    std::optional<torch::NoGradGuard> no_grad;
+    std::optional<c10::InferenceMode> inference;
+    if (mode == EvaluationMode::standalone)
+      inference.emplace();
+    else
+      no_grad.emplace();
     StepContext& ctx = hook_.ctx();
     const ContextState saved{ctx.metrics(), ctx.batch_idx, ctx.sanity_checking};
     metrics_.reset();
+    metrics_.set_device(fabric_.device());
     ctx.attach(&metrics_);
     ctx.sanity_checking = mode == EvaluationMode::sanity_check;
     if constexpr (requires { data_.set_epoch(ctx.current_epoch); })
@@ -99,7 +107,7 @@ class EvaluationLoop {
       hook_(Kind::model_eval);
     hook_(Kind::start);
     hook_(Kind::epoch_start);
-    const std::int64_t batches = run_batches(max_batches, mode);
+    const std::int64_t batches = run_batches(max_batches);
     if (batches == 0 && max_batches != 0)
       throw DataError("fulgur: the " + std::string(Kind::what) + " data yielded no batches; give it data, or " +
                       (mode == EvaluationMode::standalone ? std::string("check its limit_*_batches.")
@@ -123,13 +131,7 @@ class EvaluationLoop {
     bool sanity_checking;
   };
 
-  std::int64_t run_batches(std::int64_t max_batches, EvaluationMode mode) {
-    std::optional<torch::NoGradGuard> no_grad;
-    std::optional<c10::InferenceMode> inference;
-    if (mode == EvaluationMode::standalone)
-      inference.emplace();
-    else
-      no_grad.emplace();
+  std::int64_t run_batches(std::int64_t max_batches) {
     std::int64_t batch_idx = 0;
     if (max_batches == 0) return 0;
     for (auto&& raw : data_) {
@@ -156,7 +158,7 @@ class EvaluationLoop {
 
   void add_loss(const at::Tensor& loss, std::int64_t batch_size) {
     const at::Tensor value = loss.detach().reshape({});
-    if (!loss_sum_.defined()) loss_sum_ = at::zeros({}, value.options().dtype(at::kDouble));
+    if (!loss_sum_.defined()) loss_sum_ = at::zeros({}, value.options().dtype(detail::accumulation_dtype(value.device())));
     loss_sum_.add_(value, static_cast<double>(batch_size));
     loss_weight_ += static_cast<double>(batch_size);
   }
@@ -211,32 +213,16 @@ class EvaluationLoop {
   double loss_weight_ = 0.0;
 };
 
-/// Trainer::validate and Trainer::test: setup(stage), configure_model, the module set up for
-/// evaluation (precision and device; a fresh module gets what fit would give it), one run over
-/// the data, teardown(stage); on_exception on the way out of an error.
+/// Trainer::validate and Trainer::test: one run over the data, as an evaluation stage.
 template <class Kind, class Fabric, class Module, class Data>
 EvaluationResult evaluate(Fabric& fabric, Module& module, Data& data) {
-  StepContext ctx;
-  ctx.stage = Kind::stage;
-  ctx.global_rank = fabric.global_rank();
-  ctx.world_size = fabric.world_size();
-  hooks::HookCaller<Module> hook(module, ctx);
-  try {
-    run_setup_hooks(fabric, hook, Kind::stage);
-    fabric.setup_module(module, ModuleSetup::evaluation);
-    auto&& loader = fabric.setup_dataloader(data);
-    require_batches(loader, fabric.config().*Kind::limit, Kind::what,
-                    std::string("give it samples, or check ") + Kind::limit_name + ".");
+  return run_evaluation_stage(fabric, module, data, Kind::stage, [&](auto& hook, auto& loader) {
+    const BatchAmount& limit = fabric.config().*Kind::limit;
+    require_batches(loader, limit, Kind::what, std::string("give it samples, or check ") + Kind::limit_name + ".");
     detail::MetricViews views;
     EvaluationLoop<Kind, Fabric, Module, std::remove_reference_t<decltype(loader)>> loop(fabric, hook, loader, views);
-    EvaluationResult result = loop.run(batch_limit(loader, fabric.config().*Kind::limit, Kind::limit_name),
-                                       EvaluationMode::standalone);
-    hook(hooks::teardown, Kind::stage);
-    return result;
-  } catch (const std::exception& e) {
-    hook(hooks::on_exception, e);
-    throw;
-  }
+    return loop.run(batch_limit(loader, limit, Kind::limit_name), EvaluationMode::standalone);
+  });
 }
 
 }  // namespace fulgur::loops

@@ -117,6 +117,11 @@ class FitLoop {
 
   void set_up() {
     Module& module = hook_.module();
+    ctx_.global_rank = fabric_.global_rank();  // the set-up hooks may ask where they run
+    ctx_.world_size = fabric_.world_size();
+    ctx_.stage = Stage::fit;
+    ctx_.attach(&train_metrics_);
+    train_metrics_.set_device(fabric_.device());
     run_setup_hooks(fabric_, hook_, Stage::fit);
     if (module.parameters().empty())
       throw MisconfigurationError("fulgur: the module " + module.name() +
@@ -134,10 +139,6 @@ class FitLoop {
       optimization_.emplace(fabric_, hook_, config_, *optimizers_.front().optimizer, progress_);
     else
       optimization_.emplace(fabric_, hook_, config_, optimizers_, progress_);
-    ctx_.global_rank = fabric_.global_rank();
-    ctx_.world_size = fabric_.world_size();
-    ctx_.stage = Stage::fit;
-    ctx_.attach(&train_metrics_);
     plan_batches();
     if (!module.is_training())
       warn("fulgur: the module is in eval mode at the start of training (dropout and batch norm behave as in "
@@ -222,15 +223,20 @@ class FitLoop {
     }
   }
 
+  /// The epoch limit: max_epochs, else Lightning's default of 1000 unless max_steps or max_time
+  /// bounds the run (-1: none).
+  std::int64_t max_epochs() const {
+    if (config_.max_epochs) return *config_.max_epochs;
+    return config_.max_steps == -1 && !config_.max_time ? 1000 : -1;
+  }
+
   bool done() {
-    const std::optional<std::int64_t> max_epochs =
-        config_.max_epochs ? config_.max_epochs : (config_.max_steps == -1 ? std::optional<std::int64_t>(1000) : std::nullopt);
     if (config_.max_steps >= 0 && progress_.global_step >= config_.max_steps) {
       progress_.stop_reason = "max_steps=" + std::to_string(config_.max_steps) + " reached";
       return true;
     }
-    if (max_epochs && *max_epochs >= 0 && progress_.epochs_done >= *max_epochs) {
-      progress_.stop_reason = "max_epochs=" + std::to_string(*max_epochs) + " reached";
+    if (const std::int64_t limit = max_epochs(); limit >= 0 && progress_.epochs_done >= limit) {
+      progress_.stop_reason = "max_epochs=" + std::to_string(limit) + " reached";
       return true;
     }
     if (!ctx_.should_stop || !can_stop_early(progress_, config_)) return false;

@@ -78,27 +78,13 @@ class PredictionLoop {
   Data& data_;
 };
 
-/// Trainer::predict: setup("predict"), configure_model, the module set up for evaluation, the
-/// loop, teardown("predict"); on_exception on the way out of an error.
+/// Trainer::predict: one run over the data, as an evaluation stage.
 template <class Fabric, class Module, class Data>
 auto predict(Fabric& fabric, Module& module, Data& data) {
-  StepContext ctx;
-  ctx.stage = Stage::predict;
-  ctx.global_rank = fabric.global_rank();
-  ctx.world_size = fabric.world_size();
-  hooks::HookCaller<Module> hook(module, ctx);
-  try {
-    run_setup_hooks(fabric, hook, Stage::predict);
-    fabric.setup_module(module, ModuleSetup::evaluation);
-    auto&& loader = fabric.setup_dataloader(data);
+  return run_evaluation_stage(fabric, module, data, Stage::predict, [&](auto& hook, auto& loader) {
     PredictionLoop<Fabric, Module, std::remove_reference_t<decltype(loader)>> loop(fabric, hook, loader);
-    auto predictions = loop.run(batch_limit(loader, fabric.config().limit_predict_batches, "limit_predict_batches"));
-    hook(hooks::teardown, Stage::predict);
-    return predictions;
-  } catch (const std::exception& e) {
-    hook(hooks::on_exception, e);
-    throw;
-  }
+    return loop.run(batch_limit(loader, fabric.config().limit_predict_batches, "limit_predict_batches"));
+  });
 }
 
 }  // namespace fulgur::loops

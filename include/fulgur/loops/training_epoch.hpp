@@ -60,8 +60,8 @@ class TrainingEpochLoop {
   TrainingEpochLoop(Parts parts, std::int64_t max_batches, ValidationSchedule schedule)
       : p_(parts), config_(parts.fabric.config()), max_batches_(max_batches), schedule_(schedule) {}
 
-  /// One epoch; fills the summary's train_loss and val_loss. Returns whether the epoch ran to its
-  /// end (its last batch, or on_train_batch_start's -1) rather than stopping the run.
+  /// One epoch; fills the summary's train_loss and val_loss. Returns whether the epoch reached its
+  /// end (its last batch, or on_train_batch_start's -1), also when the run stops there.
   bool run(EpochSummary& summary, std::chrono::steady_clock::time_point fit_start) {
     fit_start_ = fit_start;
     summary_ = &summary;
@@ -73,10 +73,11 @@ class TrainingEpochLoop {
       ++it;
     }
     std::int64_t batch_idx = 0;
-    BatchEnd ended = BatchEnd::go_on;
+    bool reached_end = false;
     while (current) {  // one batch of look-ahead tells the epoch's last batch (accumulation flushes there)
       const bool is_last = it == end || (max_batches_ >= 0 && batch_idx + 1 >= max_batches_);
-      ended = run_batch(*current, batch_idx++, is_last);
+      const BatchEnd ended = run_batch(*current, batch_idx++, is_last);
+      reached_end = ended == BatchEnd::end_of_epoch || (ended == BatchEnd::stop_run && is_last);
       if (ended != BatchEnd::go_on) break;
       current.emplace(*it);
       ++it;
@@ -87,7 +88,7 @@ class TrainingEpochLoop {
       throw DataError(what + "; give it samples (with drop_last, at least batch_size of them), or check "
                              "limit_train_batches.");
     }
-    return ended != BatchEnd::stop_run;
+    return reached_end;
   }
 
  private:
@@ -101,7 +102,8 @@ class TrainingEpochLoop {
     const auto batch = prepare_batch(p_.fabric, p_.hook, raw, "training_step");
     p_.metrics.set_batch_size(data::extract_batch_size(batch));
     if (ends_epoch(p_.hook(hooks::on_train_batch_start, batch, batch_idx))) {
-      step_epoch_schedulers();  // Lightning: the epoch ends here, as at its last batch
+      ++p_.progress.total_batch_idx;  // Lightning counts the batch as ready
+      step_epoch_schedulers();        // the epoch ends here, as at its last batch
       return BatchEnd::end_of_epoch;
     }
     const std::int64_t accumulate = config_.accumulate_grad_batches;
@@ -165,10 +167,14 @@ class TrainingEpochLoop {
     const bool log_step = outcome.stepped && (steps == 1 || steps % config_.log_every_n_steps == 0);
     const bool every_step = config_.finite_loss_check == FiniteLossCheck::every_step;
     if (!(must || log_step || every_step)) return;
-    const double value = outcome.loss.detach().template item<double>();
+    // A copy (float32: every backend reduces it), averaged over the ranks, which all read the same
+    // batches: every rank reports, monitors and checks the same number.
+    at::Tensor loss = outcome.loss.detach().reshape({}).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    if (p_.fabric.world_size() > 1) loss = p_.fabric.all_reduce(loss, ReduceOp::mean);
+    const double value = loss.template item<double>();
     summary_->train_loss = value;
     if (!p_.metrics.logs("train_loss"))  // fulgur's train_loss, a callback metric monitors can use
-      p_.views.callback.set("train_loss", at::scalar_tensor(value, at::kDouble));
+      p_.views.callback.set("train_loss", loss);
     constexpr bool scaled = detail::uses_scaler<typename Fabric::precision_type>();  // skips are counted instead
     if (!scaled && config_.finite_loss_check != FiniteLossCheck::off && !std::isfinite(value))
       throw NonFiniteLossError(non_finite_message(value, step_at_batch));

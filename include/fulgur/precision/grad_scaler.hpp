@@ -45,6 +45,9 @@ class GradScaler {
   void update();
   /// Sets the scale to new_scale instead.
   void update(double new_scale);
+  /// Drops what it knows of every optimizer (stages, inf flags) and keeps the scale: for a new run,
+  /// whose optimizers may live where a previous run's did (one that ended between unscale_ and update).
+  void forget_optimizers() { records_.clear(); }
 
   /// The current scale (a host sync); init_scale before the first scale(); 1.0 when disabled.
   double get_scale() const;

@@ -9,7 +9,7 @@
 namespace fulgur {
 
 /// A context that does nothing (the 32-true contexts).
-struct NullContext {
+struct [[nodiscard]] NullContext {
   NullContext() = default;
   ~NullContext() {}  // user-provided, so `auto ctx = p.forward_context();` is not flagged as unused
   NullContext(const NullContext&) = delete;
@@ -18,7 +18,7 @@ struct NullContext {
 
 /// Switches the global default dtype for its lifetime. The previous dtype is recorded at
 /// construction and restored on destruction, also when the scope is left by an exception.
-class DefaultDtypeGuard {
+class [[nodiscard]] DefaultDtypeGuard {
  public:
   explicit DefaultDtypeGuard(c10::ScalarType dtype) : previous_(c10::get_default_dtype()) {
     c10::set_default_dtype(caffe2::TypeMeta::fromScalarType(dtype));
@@ -35,7 +35,7 @@ class DefaultDtypeGuard {
 /// on entry it saves the enabled/dtype/cache flags, sets them and increments the nesting; on
 /// exit it clears the cast cache when the outermost region closes, then restores the flags.
 /// Autocast state is thread-local, as in Python.
-class AutocastGuard {
+class [[nodiscard]] AutocastGuard {
  public:
   AutocastGuard(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled = true,
                 bool cache_enabled = true);

@@ -43,7 +43,12 @@ class MixedPrecision {
   MixedPrecision(c10::DeviceType device_type = c10::kCPU, Scaler scaler = Scaler{})
       : device_type_(device_type), scaler_(std::move(scaler)) {}
 
-  void convert_module(torch::nn::Module&) {}  // parameters stay float32
+  /// Parameters stay float32. A module is set up at the start of a run: the scaler forgets the
+  /// optimizers of any earlier run (keeping its scale), so a run that ended between unscaling and
+  /// the step leaves nothing behind.
+  void convert_module(torch::nn::Module&) {
+    if constexpr (uses_scaler) scaler_.forget_optimizers();
+  }
   NullContext module_init_context() { return {}; }
   NullContext tensor_init_context() { return {}; }
   /// One autocast region per forward: opened here, closed (and its cast cache dropped) at scope end.

@@ -54,12 +54,15 @@ struct DDPOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< every collective and the rendezvous
 };
 
-template <class Backend>
-class BasicDDPStrategy : public strategy_defaults<BasicDDPStrategy<Backend>> {
+/// Derived: a strategy that derives from this one and overrides a member the defaults call
+/// themselves (setup_module, barrier, ...) names itself here, as with strategy_defaults<Derived>:
+///   struct MyDDP : fulgur::BasicDDPStrategy<fulgur::backend::Auto, MyDDP> { void setup_module(...); };
+template <class Backend, class Derived = void>
+class BasicDDPStrategy
+    : public strategy_defaults<std::conditional_t<std::is_void_v<Derived>, BasicDDPStrategy<Backend, void>, Derived>> {
   static_assert(std::is_same_v<Backend, backend::Auto> || std::is_same_v<Backend, backend::Gloo> ||
                     std::is_same_v<Backend, backend::NCCL>,
                 "fulgur: the DDP backend must be backend::Auto, backend::Gloo or backend::NCCL.");
-  using defaults = strategy_defaults<BasicDDPStrategy<Backend>>;
 
  public:
   static constexpr std::string_view name = "ddp";
@@ -137,7 +140,7 @@ class BasicDDPStrategy : public strategy_defaults<BasicDDPStrategy<Backend>> {
     precision.post_backward(loss, module);
   }
   /// While alive, backward accumulates gradients locally (no communication).
-  class NoSyncGuard {
+  class [[nodiscard]] NoSyncGuard {
    public:
     explicit NoSyncGuard(distributed::GradientReducer* reducer) : reducer_(reducer) {
       if (reducer_) {

@@ -46,7 +46,7 @@ namespace fulgur {
 /// What module_init_context and tensor_init_context return: the root device made current and
 /// the default device for factory functions, then the precision's context (default dtype).
 template <class PrecisionContext>
-struct InitContext {
+struct [[nodiscard]] InitContext {
   c10::OptionalDeviceGuard current_device;
   DefaultDeviceGuard default_device;
   PrecisionContext precision;
