@@ -105,6 +105,9 @@ void for_each_tensor(const T& x, F&& f) {
 /// Lightning's batch-size rule: the first dimension of the first tensor found (1 for a 0-dim one).
 template <class T>
 std::int64_t extract_batch_size(const T& batch) {
+  if constexpr (std::is_same_v<T, Batch>) {  // the common case, without walking the batch
+    if (batch.input.defined()) return batch.input.dim() == 0 ? 1 : batch.input.size(0);
+  }
   std::int64_t size = -1;
   for_each_tensor(batch, [&](const at::Tensor& t) {
     if (size < 0 && t.defined()) size = t.dim() == 0 ? 1 : t.size(0);

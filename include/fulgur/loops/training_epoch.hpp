@@ -113,8 +113,10 @@ class TrainingEpochLoop {
     if (outcome.step_ran) p_.schedulers.after_step(batch_idx, p_.views.callback, /*plateau=*/false);
     if (is_last) step_epoch_schedulers();
     p_.hook(hooks::on_train_batch_end, outcome.output, batch, batch_idx);
-    p_.metrics.sync_step_values(all_reduce());
-    p_.metrics.publish_step(p_.views);
+    if (!p_.metrics.empty()) {  // something was logged this epoch
+      p_.metrics.sync_step_values(all_reduce());
+      p_.metrics.publish_step(p_.views);
+    }
     ++p_.progress.total_batch_idx;
     const bool stop = stop_requested();
     read_loss(outcome, is_last || stop, step_at_batch);
