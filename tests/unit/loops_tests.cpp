@@ -3,6 +3,7 @@
 // predict, logging errors, exceptions, and the regressions found by trying fulgur as a new user.
 #include <ATen/autocast_mode.h>
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include "unit/support.hpp"
 
@@ -601,4 +602,27 @@ TEST_CASE("review: a new run's set-up makes the loss scaler forget an interrupte
   precision.convert_module(*layer);  // the next run's set-up
   CHECK(precision.scaler().stage(sgd) == GradScaler::Stage::ready);
   CHECK(precision.scaler().get_scale() == 65536.0);  // the scale itself is kept
+}
+
+TEST_CASE("min_steps holds a stop request back; save and load resolve relative paths under default_root_dir",
+          "[loops][stop]") {
+  {
+    Probe model;
+    model->stop_at = std::pair<std::int64_t, std::int64_t>{0, 1};
+    const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 5, .min_steps = 5})).fit(model, loader(64));
+    CHECK(r.global_step == 5);
+    CHECK(r.stop_reason == "should_stop was set");
+  }
+  char folder_template[] = "/tmp/fulgur_root_XXXXXX";
+  const std::string root = ::mkdtemp(folder_template);
+  CpuTrainer<FloatPrecision> trainer(test::quiet({.default_root_dir = root}));
+  StateDict state;
+  state.insert("epoch", static_cast<std::int64_t>(4));
+  trainer.save("run/last.ckpt", state);
+  CHECK(::access((root + "/run/last.ckpt").c_str(), F_OK) == 0);
+  CHECK(trainer.load("run/last.ckpt").at("epoch").toInt() == 4);
+  CHECK(trainer.load(root + "/run/last.ckpt").at("epoch").toInt() == 4);  // an absolute path is taken as it is
+  ::unlink((root + "/run/last.ckpt").c_str());
+  ::rmdir((root + "/run").c_str());
+  ::rmdir(root.c_str());
 }
