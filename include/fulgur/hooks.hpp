@@ -31,8 +31,6 @@ namespace fulgur::hooks {
 /// What a hook call returns when the module does not define the hook.
 struct absent {};
 
-template <class R>
-inline constexpr bool is_absent = std::is_same_v<std::remove_cvref_t<R>, absent>;
 
 #define FULGUR_DETAIL_DEFINE_HOOK(hook_name, scope)                                                            \
   struct hook_name##_t {                                                                                       \
@@ -144,6 +142,16 @@ class HookCaller {
       return Hook::call(module_, ctx_, std::forward<Args>(args)...);  // absent (or a signature error)
     }
   }
+  /// A hook that has Lightning's default behaviour: the module's own if it defines one, else
+  /// `fallback()` (e.g. on_validation_model_eval, whose default is module.eval()).
+  template <class Hook, class Fallback>
+  void call_or(Hook hook, Fallback&& fallback) {
+    if constexpr (Hook::template defined_for<Module>)
+      (*this)(hook);
+    else
+      fallback();
+  }
+
   Module& module() { return module_; }
   StepContext& ctx() { return ctx_; }
 

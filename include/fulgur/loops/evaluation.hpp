@@ -101,10 +101,7 @@ class EvaluationLoop {
     if constexpr (requires { data_.set_epoch(ctx.current_epoch); })
       if (mode != EvaluationMode::standalone) data_.set_epoch(ctx.current_epoch);  // a sampler may follow fit's epoch
     ModuleModes modes(hook_.module());
-    if constexpr (hooks::is_absent<decltype(hook_(Kind::model_eval))>)
-      hook_.module().eval();
-    else
-      hook_(Kind::model_eval);
+    hook_.call_or(Kind::model_eval, [&] { hook_.module().eval(); });
     hook_(Kind::start);
     hook_(Kind::epoch_start);
     const std::int64_t batches = run_batches(max_batches);
@@ -114,10 +111,7 @@ class EvaluationLoop {
                                                           : std::string("call fit without it.")));
     EvaluationResult result = finish_epoch(mode);
     hook_(Kind::end);
-    if constexpr (hooks::is_absent<decltype(hook_(Kind::model_train))>)
-      modes.restore();
-    else
-      hook_(Kind::model_train);
+    hook_.call_or(Kind::model_train, [&] { modes.restore(); });
     ctx.attach(saved.metrics);
     ctx.batch_idx = saved.batch_idx;
     ctx.sanity_checking = saved.sanity_checking;

@@ -40,10 +40,7 @@ class PredictionLoop {
     std::vector<decltype(to_cpu(std::declval<const Output&>()))> predictions;
     c10::InferenceMode inference;
     ModuleModes modes(hook_.module());
-    if constexpr (hooks::is_absent<decltype(hook_(hooks::on_predict_model_eval))>)
-      hook_.module().eval();
-    else
-      hook_(hooks::on_predict_model_eval);
+    hook_.call_or(hooks::on_predict_model_eval, [&] { hook_.module().eval(); });
     hook_(hooks::on_predict_start);
     hook_(hooks::on_predict_epoch_start);
     std::int64_t batch_idx = 0;

@@ -214,10 +214,7 @@ class TrainingEpochLoop {
   void validate(bool stepped) {
     if constexpr (!std::is_same_v<ValLoop, NoData>) {
       if (stepped) {  // free the gradients before validating (Lightning's on_validation_model_zero_grad)
-        if constexpr (hooks::is_absent<decltype(p_.hook(hooks::on_validation_model_zero_grad))>)
-          p_.hook.module().zero_grad(/*set_to_none=*/true);
-        else
-          p_.hook(hooks::on_validation_model_zero_grad);
+        p_.hook.call_or(hooks::on_validation_model_zero_grad, [&] { p_.hook.module().zero_grad(/*set_to_none=*/true); });
       }
       const EvaluationResult result = p_.validation->run(schedule_.batches, EvaluationMode::inside_fit);
       summary_->val_loss = result.loss;
