@@ -4,8 +4,12 @@
 // Each benchmark iteration runs one K-step training both ways, alternating which goes first, so
 // drift and thermal noise hit both alike. Reported per precision: hand_us and fulgur_us (median
 // microseconds per step) and ratio (median over iterations of fulgur/hand; goal <= 1.02).
+// BM_step_logged is the same with what a real run carries: the module logs its loss every step,
+// and the Trainer has a ProgressBar (plain lines, as off a terminal) and a CSVLogger, at the
+// default log cadence (log_every_n_steps = 50).
 #include <ATen/autocast_mode.h>
 #include <benchmark/benchmark.h>
+#include <fulgur/detail/files.hpp>
 #include <fulgur/fulgur.hpp>
 #include <torch/torch.h>
 
@@ -32,6 +36,23 @@ struct MlpImpl : torch::nn::Module {
   torch::nn::Linear fc1, fc2, fc3;
 };
 TORCH_MODULE(Mlp);
+
+/// The MLP logging its loss each step (on_step: reaches the logger every log_every_n_steps).
+struct LoggingMlpImpl : MlpImpl {
+  at::Tensor training_step(const fulgur::data::Batch& b, std::int64_t i, fulgur::StepContext& ctx) {
+    at::Tensor loss = MlpImpl::training_step(b, i);
+    ctx.log("train_loss", loss, {.prog_bar = true});
+    return loss;
+  }
+};
+
+TORCH_MODULE(LoggingMlp);
+
+/// Where the logged benchmark's progress lines go (the terminal would measure the terminal).
+std::ostream& discard() {
+  static std::ostream sink(nullptr);
+  return sink;
+}
 
 std::vector<fulgur::data::Batch> make_batches() {
   torch::manual_seed(0);
@@ -83,16 +104,29 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-template <class Trainer>
+template <class Trainer, class Model>
+Trainer make_trainer() {
+  if constexpr (std::is_same_v<Model, Mlp>) {
+    return Trainer({.max_epochs = 1, .enable_progress_bar = false});
+  } else {
+    const std::string logs = "/tmp/fulgur_bench_logs";
+    fulgur::detail::remove_tree(logs);  // POSIX: see fulgur/detail/files.hpp
+    return Trainer({.max_epochs = 1, .default_root_dir = logs},
+                   fulgur::ProgressBar({.terminal = false, .stream = &discard()}), fulgur::CSVLogger());
+  }
+}
+
+template <class Trainer, class Model = Mlp>
 void BM_step(benchmark::State& state) {
   using P = typename Trainer::precision_type;
   auto batches = make_batches();
-  Trainer trainer({.max_epochs = 1, .enable_progress_bar = false});
+  Trainer trainer = make_trainer<Trainer, Model>();
   std::vector<double> hand_us, fulgur_us, ratios;
   bool fulgur_first = false;
   using clock = std::chrono::steady_clock;
   for (auto _ : state) {
-    Mlp hand_model, fulgur_model;
+    Mlp hand_model;
+    Model fulgur_model;
     double t_hand = 0, t_fulgur = 0;
     auto time_hand = [&] {
       const auto t0 = clock::now();
@@ -128,6 +162,12 @@ int main(int argc, char** argv) {
   boost::hana::for_each(cpu_trainers, [](auto trainer_type) {
     using Trainer = typename decltype(trainer_type)::type;
     benchmark::RegisterBenchmark(("BM_step/" + std::string(Trainer::precision_type::name)).c_str(), BM_step<Trainer>)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(3.0);
+    using Logged = typename Trainer::template with_callbacks<fulgur::ProgressBar, fulgur::CSVLogger>;
+    benchmark::RegisterBenchmark(("BM_step_logged/" + std::string(Trainer::precision_type::name)).c_str(),
+                                 BM_step<Logged, LoggingMlp>)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond)
         ->MinTime(3.0);

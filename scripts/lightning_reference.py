@@ -24,6 +24,7 @@ logging.getLogger("lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
 import torch  # noqa: E402
+logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.ERROR)
 import lightning.pytorch as pl  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
@@ -33,11 +34,41 @@ CALLBACK_ONLY = {"on_sanity_check_start", "on_sanity_check_end", "on_exception"}
 
 def fulgur_hooks():
     text = (ROOT / "include/fulgur/hooks.hpp").read_text()
-    names = re.findall(r"^FULGUR_DETAIL_DEFINE_HOOK\((\w+),", text, re.M)
+    names = re.findall(r"^FULGUR_DETAIL_DEFINE_(?:CALLBACK_)?HOOK\((\w+),", text, re.M)
     return set(names) | {"configure_optimizers"}
 
 
 HOOKS = fulgur_hooks()
+
+
+def fulgur_callback_hooks():
+    text = (ROOT / "include/fulgur/concepts/callback.hpp").read_text()
+    block = text[text.index("#define FULGUR_CALLBACK_HOOK_NAMES"):text.index("namespace fulgur")]
+    return set(re.findall(r"X\((\w+)\)", block))
+
+
+CALLBACK_HOOKS = fulgur_callback_hooks()
+
+
+class SpyCallback(pl.Callback):
+    """Records every callback hook fulgur claims as `cb:<hook>` (`cb:setup:fit`)."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+
+def _spy_callback_hook(name):
+    def hook(self, trainer, module, *args, **kwargs):
+        stage = ""
+        if name in ("setup", "teardown"):
+            value = args[0] if args else kwargs["stage"]
+            stage = ":" + str(getattr(value, "value", value))
+        self.calls.append("cb:" + name + stage)
+    return hook
+
+
+for _name in CALLBACK_HOOKS:
+    setattr(SpyCallback, _name, _spy_callback_hook(_name))
 
 
 def data(n, features=4, batch_size=4):
@@ -133,6 +164,21 @@ def hooks_scenarios():
     trainer(calls, max_epochs=0).fit(spy_class(calls)(), data(12), data(8))
     out["fit_max_epochs_0"] = calls
 
+    calls = []  # callbacks: a spy callback and EarlyStopping beside the spy module; validation,
+    # accumulation, and an early stop at epoch 2 (the watched value improves once, then not)
+    Watching = spy_class(calls)
+
+    class Watched(Watching):
+        def validation_step(self, batch, batch_idx):
+            self.log("watched", [3.0, 2.0, 2.5, 2.6, 2.7][self.current_epoch])
+            return super().validation_step(batch, batch_idx)
+
+    pl.Trainer(max_epochs=5, accumulate_grad_batches=2, limit_val_batches=2, enable_progress_bar=False,
+               enable_model_summary=False, logger=False, enable_checkpointing=False,
+               callbacks=[SpyCallback(calls), Recorder(calls), pl.callbacks.EarlyStopping("watched", patience=1)]).fit(
+        Watched(), data(12), data(12))
+    out["callbacks"] = calls
+
     for stage in ("validate", "test", "predict"):
         calls = []
         getattr(trainer(calls), stage)(spy_class(calls)(), data(8))
@@ -198,15 +244,45 @@ def metrics_scenarios():
     return {"logging": lines}
 
 
+def csv_scenario(out):
+    """Lightning's CSVLogger on the Logging module: metrics_logging.csv."""
+    save_dir = out / "csv"
+    pl.Trainer(max_epochs=2, enable_progress_bar=False, enable_model_summary=False,
+               logger=pl.loggers.CSVLogger(str(save_dir)), enable_checkpointing=False, num_sanity_val_steps=0,
+               log_every_n_steps=1).fit(Logging(), data(10), data(6))
+    (out / "metrics_logging.csv").write_text((save_dir / "lightning_logs/version_0/metrics.csv").read_text())
+
+
+class Summarized(pl.LightningModule):
+    """The module of the ModelSummary test (tests/unit/callbacks_tests.cpp builds the same)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(64, 32)
+        self.act = torch.nn.ReLU()
+        self.fc2 = torch.nn.Linear(32, 10)
+        self.bn = torch.nn.BatchNorm1d(10)
+        self.big = torch.nn.Linear(1000, 1200)
+        self.bn.eval()
+        self.fc2.weight.requires_grad_(False)
+
+
+def summary_scenario(out):
+    from lightning.pytorch.utilities.model_summary import ModelSummary
+    (out / "model_summary.txt").write_text(str(ModelSummary(Summarized(), max_depth=1)) + "\n")
+
+
 def main(out_dir):
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     for name, calls in hooks_scenarios().items():
-        kept = [c for c in calls if c.split(":")[0] in HOOKS]
+        kept = [c for c in calls if c.split(":")[0] in HOOKS or (c.startswith("cb:") and c.split(":")[1] in CALLBACK_HOOKS)]
         (out / f"hooks_{name}.txt").write_text("\n".join(kept) + "\n")
     for name, lines in metrics_scenarios().items():
         (out / f"metrics_{name}.txt").write_text("\n".join(lines) + "\n")
+    csv_scenario(out)
+    summary_scenario(out)
     print(f"lightning {pl.__version__}: reference written to {out}")
 
 

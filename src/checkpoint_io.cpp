@@ -1,5 +1,6 @@
 // Checkpoint files, module state and optimizer state.
 #include "fulgur/checkpoint/io.hpp"
+#include "fulgur/detail/files.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -42,23 +43,6 @@ void collect_module_state(const torch::nn::Module& module, const std::string& pr
   for (const auto& child : module.named_children()) collect_module_state(*child.value(), prefix + child.key() + ".", out);
 }
 
-// POSIX, not std::filesystem: the torch wheel's libtorch.so exports its own copy of
-// std::filesystem's functions, which interposes on libstdc++'s and is not safe to call.
-std::string parent_folder(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-void make_folders(const std::string& folder) {
-  std::size_t next = 0;
-  while (next != std::string::npos) {
-    next = folder.find('/', next + 1);
-    const std::string prefix = folder.substr(0, next);
-    if (!prefix.empty() && ::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) io_error("cannot create folder", prefix);
-  }
-}
-
 std::string file_name(const std::string& path) {
   const auto slash = path.find_last_of('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
@@ -72,8 +56,8 @@ std::string quoted_list(const std::vector<std::string>& keys) {
 }  // namespace
 
 void atomic_write(const std::string& path, const std::vector<char>& bytes) {
-  const std::string folder = parent_folder(path);
-  make_folders(folder);
+  const std::string folder = detail::parent_folder(path);
+  detail::make_directories(folder);
   const std::string temporary = folder + "/." + file_name(path) + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_error("cannot create", temporary);

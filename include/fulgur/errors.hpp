@@ -40,6 +40,12 @@ struct GradScalerError : Error {
   using Error::Error;
 };
 
+/// Ctrl-C (SIGINT) reached fit: what on_exception receives (Lightning's KeyboardInterrupt). fit
+/// itself catches it and returns with FitResult::interrupted.
+struct Interrupted : Error {
+  using Error::Error;
+};
+
 /// A collective failed or timed out: a peer process ended, or the ranks disagree on what to do.
 struct DistributedError : Error {
   using Error::Error;

@@ -12,13 +12,17 @@
 // naming it (a misspelt hook name cannot be caught: docs/loops-and-hooks.md lists every name).
 // The loops call every hook through here, and callbacks will too: one place decides the order.
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
+#include "fulgur/concepts/callback.hpp"
 #include "fulgur/metrics.hpp"
 #include "fulgur/stage.hpp"
 #include "fulgur/step_context.hpp"
 
 namespace fulgur {
+
+class TrainerView;
 
 /// What an evaluation step that returns nothing hands to on_validation_batch_end and friends
 /// (Lightning passes None).
@@ -32,32 +36,78 @@ namespace fulgur::hooks {
 struct absent {};
 
 
+// The module's side of a hook: tried with Lightning's arguments (and a trailing StepContext&), then
+// without them.
+#define FULGUR_DETAIL_HOOK_MODULE_PART(hook_name, scope)                                                       \
+  static constexpr std::string_view name = #hook_name;                                                         \
+  static constexpr detail::LogScope log_scope = detail::LogScope::scope;                                       \
+  template <class M, class... Args>                                                                            \
+  static constexpr bool defined_for = requires(M& m, StepContext& ctx, Args&... args) {                        \
+    m.hook_name(args..., ctx);                                                                                 \
+  } || requires(M& m, Args&... args) { m.hook_name(args...); } || requires(M& m, StepContext& ctx) {          \
+    m.hook_name(ctx);                                                                                          \
+  } || requires(M& m) { m.hook_name(); };                                                                      \
+  template <class M, class... Args>                                                                            \
+  static decltype(auto) call(M& m, StepContext& ctx, Args&&... args) {                                         \
+    if constexpr (requires { m.hook_name(args..., ctx); })                                                     \
+      return m.hook_name(args..., ctx);                                                                        \
+    else if constexpr (requires { m.hook_name(args...); })                                                     \
+      return m.hook_name(args...);                                                                             \
+    else if constexpr (sizeof...(Args) > 0 && requires { m.hook_name(ctx); })                                  \
+      return m.hook_name(ctx);                                                                                 \
+    else if constexpr (sizeof...(Args) > 0 && requires { m.hook_name(); })                                     \
+      return m.hook_name();                                                                                    \
+    else {                                                                                                     \
+      static_assert(!requires { &M::hook_name; },                                                              \
+                    "fulgur: the module's `" #hook_name "` cannot be called with Lightning's arguments for "     \
+                    "this hook (nor with none); docs/loops-and-hooks.md gives its signature.");                \
+      return absent{};                                                                                         \
+    }                                                                                                          \
+  }
+
+// A hook only the module has (the steps, the data hooks, the model-mode hooks).
 #define FULGUR_DETAIL_DEFINE_HOOK(hook_name, scope)                                                            \
   struct hook_name##_t {                                                                                       \
-    static constexpr std::string_view name = #hook_name;                                                       \
-    static constexpr detail::LogScope log_scope = detail::LogScope::scope;                                     \
-    template <class M, class... Args>                                                                          \
-    static constexpr bool defined_for = requires(M& m, StepContext& ctx, Args&... args) {                      \
-      m.hook_name(args..., ctx);                                                                               \
-    } || requires(M& m, Args&... args) { m.hook_name(args...); } || requires(M& m, StepContext& ctx) {        \
-      m.hook_name(ctx);                                                                                        \
-    } || requires(M& m) { m.hook_name(); };                                                                    \
-    template <class M, class... Args>                                                                          \
-    static decltype(auto) call(M& m, StepContext& ctx, Args&&... args) {                                       \
-      if constexpr (requires { m.hook_name(args..., ctx); })                                                   \
-        return m.hook_name(args..., ctx);                                                                      \
-      else if constexpr (requires { m.hook_name(args...); })                                                   \
-        return m.hook_name(args...);                                                                           \
-      else if constexpr (sizeof...(Args) > 0 && requires { m.hook_name(ctx); })                                \
-        return m.hook_name(ctx);                                                                               \
-      else if constexpr (sizeof...(Args) > 0 && requires { m.hook_name(); })                                   \
-        return m.hook_name();                                                                                  \
-      else {                                                                                                   \
-        static_assert(!requires { &M::hook_name; },                                                            \
-                      "fulgur: the module's `" #hook_name "` cannot be called with Lightning's arguments for "   \
-                      "this hook (nor with none); docs/loops-and-hooks.md gives its signature.");              \
-        return absent{};                                                                                       \
-      }                                                                                                        \
+    FULGUR_DETAIL_HOOK_MODULE_PART(hook_name, scope)                                                           \
+    static constexpr bool reaches_callbacks = false;                                                           \
+  };                                                                                                           \
+  inline constexpr hook_name##_t hook_name {}
+
+// A hook callbacks receive too, first (Lightning's order), as
+//   cb.hook(TrainerView&, Module&, args...)   Lightning's (trainer, pl_module, ...)
+//   cb.hook(TrainerView&, args...)
+//   cb.hook(TrainerView&, Module&)            a hook with arguments, taken without them
+//   cb.hook(TrainerView&)
+//   cb.hook()
+// the first form that compiles; a member of the hook's name that fits none is an error naming it.
+#define FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(hook_name, scope)                                                   \
+  struct hook_name##_t {                                                                                       \
+    FULGUR_DETAIL_HOOK_MODULE_PART(hook_name, scope)                                                           \
+    static constexpr bool reaches_callbacks = true;                                                            \
+    template <class C>                                                                                         \
+    static constexpr bool callback_named = fulgur::detail::has_member_##hook_name<C>();                       \
+    template <class C, class M, class... Args>                                                                 \
+    static constexpr bool callback_defines =                                                                   \
+        requires(C& c, TrainerView& v, M& m, Args&... args) { c.hook_name(v, m, args...); } ||                 \
+        requires(C& c, TrainerView& v, Args&... args) { c.hook_name(v, args...); } ||                          \
+        requires(C& c, TrainerView& v, M& m) { c.hook_name(v, m); } ||                                         \
+        requires(C& c, TrainerView& v) { c.hook_name(v); } || requires(C& c) { c.hook_name(); };               \
+    template <class C, class M, class... Args>                                                                 \
+    static void call_callback(C& c, TrainerView& v, M& m, Args&... args) {                                     \
+      if constexpr (requires { c.hook_name(v, m, args...); })                                                  \
+        c.hook_name(v, m, args...);                                                                            \
+      else if constexpr (requires { c.hook_name(v, args...); })                                                \
+        c.hook_name(v, args...);                                                                               \
+      else if constexpr (sizeof...(Args) > 0 && requires { c.hook_name(v, m); })                               \
+        c.hook_name(v, m);                                                                                     \
+      else if constexpr (requires { c.hook_name(v); })                                                         \
+        c.hook_name(v);                                                                                        \
+      else if constexpr (requires { c.hook_name(); })                                                          \
+        c.hook_name();                                                                                         \
+      else                                                                                                     \
+        static_assert(!fulgur::detail::has_member_##hook_name<C>(),                                            \
+                      "fulgur: the callback's `" #hook_name "` cannot be called as (TrainerView&, Module&, "     \
+                      "Lightning's arguments...) nor in a shorter form; docs/callbacks.md gives its signature."); \
     }                                                                                                          \
   };                                                                                                           \
   inline constexpr hook_name##_t hook_name {}
@@ -69,25 +119,25 @@ FULGUR_DETAIL_DEFINE_HOOK(test_step, epoch);
 FULGUR_DETAIL_DEFINE_HOOK(predict_step, none);
 // Set-up and tear-down.
 FULGUR_DETAIL_DEFINE_HOOK(prepare_data, none);
-FULGUR_DETAIL_DEFINE_HOOK(setup, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(setup, none);
 FULGUR_DETAIL_DEFINE_HOOK(configure_model, none);
-FULGUR_DETAIL_DEFINE_HOOK(teardown, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_fit_start, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_fit_end, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_sanity_check_start, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_sanity_check_end, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_exception, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(teardown, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_fit_start, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_fit_end, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_sanity_check_start, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_sanity_check_end, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_exception, none);
 // Training.
-FULGUR_DETAIL_DEFINE_HOOK(on_train_start, epoch_only);
-FULGUR_DETAIL_DEFINE_HOOK(on_train_end, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_train_epoch_start, epoch_only);
-FULGUR_DETAIL_DEFINE_HOOK(on_train_epoch_end, epoch_only);
-FULGUR_DETAIL_DEFINE_HOOK(on_train_batch_start, step);
-FULGUR_DETAIL_DEFINE_HOOK(on_train_batch_end, step);
-FULGUR_DETAIL_DEFINE_HOOK(on_before_zero_grad, step);
-FULGUR_DETAIL_DEFINE_HOOK(on_before_backward, step);
-FULGUR_DETAIL_DEFINE_HOOK(on_after_backward, step);
-FULGUR_DETAIL_DEFINE_HOOK(on_before_optimizer_step, step);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_train_start, epoch_only);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_train_end, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_train_epoch_start, epoch_only);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_train_epoch_end, epoch_only);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_train_batch_start, step);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_train_batch_end, step);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_before_zero_grad, step);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_before_backward, step);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_after_backward, step);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_before_optimizer_step, step);
 // Moving a batch.
 FULGUR_DETAIL_DEFINE_HOOK(on_before_batch_transfer, none);
 FULGUR_DETAIL_DEFINE_HOOK(transfer_batch_to_device, none);
@@ -96,50 +146,84 @@ FULGUR_DETAIL_DEFINE_HOOK(on_after_batch_transfer, none);
 FULGUR_DETAIL_DEFINE_HOOK(on_validation_model_zero_grad, none);
 FULGUR_DETAIL_DEFINE_HOOK(on_validation_model_eval, none);
 FULGUR_DETAIL_DEFINE_HOOK(on_validation_model_train, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_validation_start, epoch_only);
-FULGUR_DETAIL_DEFINE_HOOK(on_validation_end, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_validation_epoch_start, epoch_only);
-FULGUR_DETAIL_DEFINE_HOOK(on_validation_epoch_end, epoch_only);
-FULGUR_DETAIL_DEFINE_HOOK(on_validation_batch_start, epoch);
-FULGUR_DETAIL_DEFINE_HOOK(on_validation_batch_end, epoch);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_validation_start, epoch_only);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_validation_end, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_validation_epoch_start, epoch_only);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_validation_epoch_end, epoch_only);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_validation_batch_start, epoch);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_validation_batch_end, epoch);
 // Testing.
 FULGUR_DETAIL_DEFINE_HOOK(on_test_model_eval, none);
 FULGUR_DETAIL_DEFINE_HOOK(on_test_model_train, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_test_start, epoch_only);
-FULGUR_DETAIL_DEFINE_HOOK(on_test_end, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_test_epoch_start, epoch_only);
-FULGUR_DETAIL_DEFINE_HOOK(on_test_epoch_end, epoch_only);
-FULGUR_DETAIL_DEFINE_HOOK(on_test_batch_start, epoch);
-FULGUR_DETAIL_DEFINE_HOOK(on_test_batch_end, epoch);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_test_start, epoch_only);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_test_end, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_test_epoch_start, epoch_only);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_test_epoch_end, epoch_only);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_test_batch_start, epoch);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_test_batch_end, epoch);
 // Prediction.
 FULGUR_DETAIL_DEFINE_HOOK(on_predict_model_eval, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_predict_start, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_predict_end, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_predict_epoch_start, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_predict_epoch_end, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_predict_batch_start, none);
-FULGUR_DETAIL_DEFINE_HOOK(on_predict_batch_end, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_predict_start, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_predict_end, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_predict_epoch_start, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_predict_epoch_end, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_predict_batch_start, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_predict_batch_end, none);
 
 #undef FULGUR_DETAIL_DEFINE_HOOK
+#undef FULGUR_DETAIL_DEFINE_CALLBACK_HOOK
+#undef FULGUR_DETAIL_HOOK_MODULE_PART
 
 /// Whether Module defines the hook (tag type Hook, e.g. hooks::on_fit_start_t) for arguments of
 /// these types (each passed as an lvalue of that type).
 template <class Module, class Hook, class... Args>
 inline constexpr bool defines = Hook::template defined_for<Module, Args...>;
 
-/// Calls hooks on one module: sets the logging scope, then calls the hook if it is defined.
-template <class Module>
+/// Which callbacks a call reaches: Lightning runs on_train_epoch_end on the monitoring callbacks
+/// (EarlyStopping, ModelCheckpoint) after the module's, every other hook on all callbacks before it.
+enum class CallbackGroup { all, non_monitoring, monitoring };
+
+/// A Trainer without callbacks.
+struct NoCallbacks {
+  template <class Hook, class Module, class... Args>
+  static constexpr bool reached_by = false;
+  template <CallbackGroup, class Hook, class Module, class... Args>
+  void call(Hook, TrainerView&, Module&, Args&...) {}
+};
+
+/// Calls hooks: sets the logging scope, then calls the callbacks' hook (if the hook reaches
+/// callbacks) and the module's (if it defines it), in Lightning's order.
+template <class Module, class Callbacks = NoCallbacks>
 class HookCaller {
  public:
-  HookCaller(Module& module, StepContext& ctx) : module_(module), ctx_(ctx) {}
+  HookCaller(Module& module, StepContext& ctx) requires std::is_same_v<Callbacks, NoCallbacks>
+      : module_(module), ctx_(ctx) {}
+  HookCaller(Module& module, StepContext& ctx, Callbacks& callbacks, TrainerView& view)
+      : module_(module), ctx_(ctx), callbacks_(&callbacks), view_(&view) {}
 
   template <class Hook, class... Args>
-  decltype(auto) operator()(Hook, Args&&... args) {
-    if constexpr (Hook::template defined_for<Module, std::remove_reference_t<Args>...>) {
+  decltype(auto) operator()(Hook hook, Args&&... args) {
+    constexpr bool to_callbacks = reaches_callbacks<Hook, std::remove_reference_t<Args>...>();
+    if constexpr (to_callbacks) {
       ctx_.enter(Hook::name, Hook::log_scope);
-      return Hook::call(module_, ctx_, std::forward<Args>(args)...);
-    } else {
-      return Hook::call(module_, ctx_, std::forward<Args>(args)...);  // absent (or a signature error)
+      callbacks_->template call<CallbackGroup::all>(hook, *view_, module_, args...);
+    }
+    return call_module(hook, std::forward<Args>(args)...);
+  }
+  /// Lightning's on_train_epoch_end: the callbacks that are not monitoring, the module, `between()`,
+  /// then the monitoring callbacks (EarlyStopping, ModelCheckpoint: they see what the module logged).
+  template <class Hook, class Between>
+  void call_with_monitoring_after(Hook hook, Between&& between) {
+    constexpr bool to_callbacks = reaches_callbacks<Hook>();
+    if constexpr (to_callbacks) {
+      ctx_.enter(Hook::name, Hook::log_scope);
+      callbacks_->template call<CallbackGroup::non_monitoring>(hook, *view_, module_);
+    }
+    call_module(hook);
+    between();
+    if constexpr (to_callbacks) {
+      ctx_.enter(Hook::name, Hook::log_scope);
+      callbacks_->template call<CallbackGroup::monitoring>(hook, *view_, module_);
     }
   }
   /// A hook that has Lightning's default behaviour: the module's own if it defines one, else
@@ -154,10 +238,32 @@ class HookCaller {
 
   Module& module() { return module_; }
   StepContext& ctx() { return ctx_; }
+  /// What callbacks see (null without callbacks).
+  TrainerView* view() { return view_; }
+  Callbacks* callbacks() { return callbacks_; }
 
  private:
+  template <class Hook, class... Args>
+  static constexpr bool reaches_callbacks() {
+    if constexpr (Hook::reaches_callbacks)
+      return Callbacks::template reached_by<Hook, Module, Args...>;
+    else
+      return false;
+  }
+  template <class Hook, class... Args>
+  decltype(auto) call_module(Hook, Args&&... args) {
+    if constexpr (Hook::template defined_for<Module, std::remove_reference_t<Args>...>) {
+      ctx_.enter(Hook::name, Hook::log_scope);
+      return Hook::call(module_, ctx_, std::forward<Args>(args)...);
+    } else {
+      return Hook::call(module_, ctx_, std::forward<Args>(args)...);  // absent (or a signature error)
+    }
+  }
+
   Module& module_;
   StepContext& ctx_;
+  Callbacks* callbacks_ = nullptr;
+  TrainerView* view_ = nullptr;
 };
 
 }  // namespace fulgur::hooks

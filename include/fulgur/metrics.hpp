@@ -154,6 +154,17 @@ class MetricCollection {
     for (auto& e : entries_)
       if (e.fresh && e.on_step && e.options.sync_dist) e.step_value = all_reduce(e.step_value.clone(), e.options.reduce);
   }
+  /// The step values logged (for loggers) since the last publish_step, on the host: what a logger
+  /// receives at a log step. Call before publish_step.
+  void collect_step_logged(Metrics& out) const {
+    for (const auto& e : entries_)
+      if (e.fresh && e.on_step && e.options.logger && e.step_value.defined()) out[e.step_key] = e.step_value.item<double>();
+  }
+  /// The epoch values logged for loggers, on the host (after publish_epoch).
+  void collect_epoch_logged(Metrics& out) const {
+    for (const auto& e : entries_)
+      if (e.on_epoch && e.options.logger && e.computed.defined()) out[e.epoch_key] = e.computed.item<double>();
+  }
   /// The step values into the views (after each batch; tensors only, no host sync).
   void publish_step(MetricViews& views) {
     for (auto& e : entries_) {

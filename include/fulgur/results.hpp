@@ -30,6 +30,7 @@ struct FitResult {
   Metrics logged_metrics{};        ///< Lightning's trainer.logged_metrics: what a logger received last
   Metrics progress_bar_metrics{};  ///< the values logged with prog_bar = true
   std::string stop_reason{};       ///< e.g. "max_epochs=3 reached", "max_steps=100 reached"
+  bool interrupted = false;        ///< fit stopped on SIGINT (Ctrl-C) after finishing the step under way
   std::vector<std::string> warnings{};  ///< also printed on global rank 0 (a NaN validation loss, ...)
 };
 

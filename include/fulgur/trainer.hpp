@@ -29,6 +29,8 @@
 #include <vector>
 
 #include "fulgur/accelerators/device_parsing.hpp"
+#include "fulgur/callbacks/callback_set.hpp"
+#include "fulgur/callbacks/progress_bar.hpp"
 #include "fulgur/compatibility.hpp"
 #include "fulgur/concepts/training_module.hpp"
 #include "fulgur/data/batch.hpp"
@@ -90,6 +92,28 @@ inline TrainerConfig validated(TrainerConfig config) {
   return config;
 }
 
+/// The callbacks of Trainer<A, S, P, Callbacks...>: those given, plus a ProgressBar when none of
+/// them is one (Lightning adds its progress bar too; TrainerConfig::enable_progress_bar turns it off).
+template <class T>
+constexpr bool is_progress_bar() {
+  if constexpr (requires { T::is_progress_bar; })
+    return static_cast<bool>(T::is_progress_bar);
+  else
+    return false;
+}
+template <class... Callbacks>
+using callback_set_for = std::conditional_t<(is_progress_bar<Callbacks>() || ...), CallbackSet<Callbacks...>,
+                                            CallbackSet<Callbacks..., ProgressBar>>;
+
+/// One static_assert for the first thing wrong with a Trainer's arguments.
+template <class A, class S, class P, class... Callbacks>
+constexpr bool assert_trainer_arguments() {
+  if constexpr (!compatible<A, S, P>)
+    return assert_compatible<A, S, P>();
+  else
+    return (assert_callback<Callbacks>() && ...);
+}
+
 /// A value of any type, for the inert Trainer's members (never evaluated).
 struct inert {
   template <class T>
@@ -98,31 +122,87 @@ struct inert {
 
 }  // namespace detail
 
-template <class A, class S, class P>
+template <class A, class S, class P, class... Callbacks>
 class Trainer {
  public:
   using accelerator_type = A;
   using strategy_type = S;
   using precision_type = P;
   using options_type = typename detail::strategy_options<S>::type;
+  using callbacks_type = detail::callback_set_for<Callbacks...>;
+  /// The same combination with these callbacks and loggers instead (e.g. on a type fulgur::dispatch chose).
+  template <class... Others>
+  using with_callbacks = Trainer<A, S, P, Others...>;
 
   /// Checks the config (before any policy is built), builds the policies, and sets up the
   /// strategy's environment on this process's device (DDP: meets the other processes, or
-  /// launches them when devices x num_nodes > 1 and no launcher is around).
+  /// launches them when devices x num_nodes > 1 and no launcher is around). Callbacks and loggers
+  /// follow, in the order of the Trainer's arguments (default-constructed in this form).
   explicit Trainer(TrainerConfig config = {}, options_type options = {})
-      : config_(detail::validated(std::move(config))), strategy_(make_strategy(std::move(options))) {
+    requires(std::default_initializable<Callbacks> && ...)
+      : Trainer(construct{}, std::move(config), std::move(options), Callbacks{}...) {}
+  Trainer(TrainerConfig config, Callbacks... callbacks)
+    requires(sizeof...(Callbacks) > 0)
+      : Trainer(construct{}, std::move(config), options_type{}, std::move(callbacks)...) {}
+  Trainer(TrainerConfig config, options_type options, Callbacks... callbacks)
+    requires(sizeof...(Callbacks) > 0)
+      : Trainer(construct{}, std::move(config), std::move(options), std::move(callbacks)...) {}
+
+ private:
+  struct construct {};
+  Trainer(construct, TrainerConfig&& config, options_type&& options, Callbacks&&... callbacks)
+      : config_(detail::validated(std::move(config))),
+        strategy_(make_strategy(std::move(options))),
+        callbacks_(make_callbacks(std::move(callbacks)...)) {
+    init();
+  }
+  void init() {
+    check_progress_bar();
     if (config_.seed) torch::manual_seed(*config_.seed);
     if (config_.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
     strategy_.setup_environment(accelerator_, parallel_devices());
     check_dtype_supported();
   }
 
+ public:
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
   ~Trainer() {
     precision_.teardown();
     strategy_.teardown();
     accelerator_.teardown();
+  }
+
+  /// The callbacks and loggers, in the order of the Trainer's arguments (then the default ProgressBar).
+  auto& callbacks() { return callbacks_.items(); }
+  /// The callback or logger of type C (e.g. trainer.callback<fulgur::EarlyStopping>().stopped_epoch).
+  template <class C>
+  C& callback() {
+    return std::get<C>(callbacks_.items());
+  }
+  callbacks_type& callback_set() { return callbacks_; }
+  /// Where the last fit ended: epochs run and the logging step (Lightning's current_epoch and
+  /// _batches_that_stepped, which validate/test after fit report at).
+  struct FitPosition {
+    std::int64_t epoch = 0, logging_step = 0;
+  };
+  FitPosition fit_position() const { return fit_position_; }
+  void record_fit_position(FitPosition position) { fit_position_ = position; }
+  /// What the loops hand to callbacks' TrainerView for the calls that go through the Trainer.
+  detail::TrainerViewOps view_ops() {
+    detail::TrainerViewOps ops;
+    ops.trainer = this;
+    ops.reduce_boolean_decision = [](void* self, bool decision, bool all) {
+      return static_cast<Trainer*>(self)->reduce_boolean_decision(decision, all);
+    };
+    if constexpr (callbacks_type::has_loggers) {
+      ops.has_loggers = true;
+      ops.log_metrics = [](void* self, const Metrics& metrics, std::int64_t step) {
+        static_cast<Trainer*>(self)->callbacks_.log_metrics(metrics, step);
+      };
+      ops.log_dir = [](void* self) { return static_cast<Trainer*>(self)->callbacks_.first_log_dir(); };
+    }
+    return ops;
   }
 
   A& accelerator() { return accelerator_; }
@@ -349,6 +429,18 @@ class Trainer {
       return {};
   }
 
+  static callbacks_type make_callbacks(Callbacks&&... callbacks) {
+    if constexpr ((detail::is_progress_bar<Callbacks>() || ...))
+      return callbacks_type(std::move(callbacks)...);
+    else
+      return callbacks_type(std::move(callbacks)..., ProgressBar{});
+  }
+  void check_progress_bar() const {
+    if (!config_.enable_progress_bar && (detail::is_progress_bar<Callbacks>() || ...))
+      throw MisconfigurationError(
+          "Trainer was configured with `enable_progress_bar = false` but found a ProgressBar among its callbacks; "
+          "remove the ProgressBar from the Trainer's arguments or set `enable_progress_bar = true`.");
+  }
   S make_strategy(options_type&& options) {
     if constexpr (std::is_same_v<options_type, NoStrategyOptions>) {
       return S{};
@@ -394,20 +486,24 @@ class Trainer {
   S strategy_;
   P precision_ = make_precision();
   torch::nn::Module* module_ = nullptr;  // the module of the last setup, for backward(loss)
+  callbacks_type callbacks_;
+  FitPosition fit_position_{};
 };
 
 /// A combination the rules refuse: one static_assert names the member a policy lacks, or the broken
 /// rule. Every member accepts anything, so the code that uses the Trainer adds no error of its own.
-template <class A, class S, class P>
-  requires(!compatible<A, S, P>)
-class Trainer<A, S, P> {
-  static_assert(assert_compatible<A, S, P>());
+template <class A, class S, class P, class... Callbacks>
+  requires(!compatible<A, S, P> || !(callback<Callbacks> && ...))
+class Trainer<A, S, P, Callbacks...> {
+  static_assert(detail::assert_trainer_arguments<A, S, P, Callbacks...>());
 
  public:
   using accelerator_type = A;
   using strategy_type = S;
   using precision_type = P;
   explicit Trainer(TrainerConfig = {}, typename detail::strategy_options<S>::type = {}) {}
+  template <class... T>
+  Trainer(TrainerConfig, T&&...) {}
   template <class... T> FitResult fit(T&&...) { return {}; }
   template <class... T> EvaluationResult validate(T&&...) { return {}; }
   template <class... T> EvaluationResult test(T&&...) { return {}; }
@@ -449,6 +545,11 @@ class Trainer<A, S, P> {
   FULGUR_DETAIL_INERT(strategy)
   FULGUR_DETAIL_INERT(precision)
   FULGUR_DETAIL_INERT(config)
+  FULGUR_DETAIL_INERT(callbacks)
+  template <class C>
+  detail::inert callback() {
+    return {};
+  }
 #undef FULGUR_DETAIL_INERT
   static std::string combination_name() { return {}; }
 };

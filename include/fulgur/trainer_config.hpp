@@ -81,7 +81,10 @@ struct TrainerConfig {
   /// every time) ends the run with an error naming the step; 0: never.
   std::int64_t max_consecutive_skipped_steps = 25;
   std::string default_root_dir = ".";  ///< where relative paths of Trainer::save/load resolve
-  bool enable_progress_bar = true;     ///< one line per epoch on global rank 0
+  bool enable_progress_bar = true;     ///< the default ProgressBar draws (global rank 0)
+  /// Ctrl-C (SIGINT) during fit: finish the step under way, run on_exception and teardown, flush the
+  /// loggers and return with FitResult::interrupted (a second Ctrl-C ends the process at once).
+  bool handle_interrupt = true;
 };
 
 /// Whether Trainer::setup_module also lets the strategy prepare the module for training (DDP:

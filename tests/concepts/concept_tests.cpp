@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "fulgur/concepts/accelerator.hpp"
+#include "fulgur/concepts/callback.hpp"
 #include "fulgur/concepts/precision.hpp"
 #include "fulgur/concepts/strategy.hpp"
 #include "fulgur/concepts/training_module.hpp"
@@ -299,4 +300,55 @@ TEST_CASE("training_module: required steps, accepted return forms, near misses",
   STATIC_REQUIRE_FALSE(fulgur::detail::declares_constant_automatic_optimization<modules::ManualAsDataMember>);
   STATIC_REQUIRE(fulgur::detail::has_validation_step_for<modules::WithValidation, Batch, V>);
   STATIC_REQUIRE_FALSE(fulgur::detail::has_validation_step_for<modules::Good, Batch, V>);
+}
+
+namespace callback_probe {
+struct View;  // stands for fulgur::TrainerView: the probe looks at names, not signatures
+struct OneHook {
+  void on_fit_start(View&) {}
+};
+struct TemplateHook {
+  template <class... A>
+  void on_train_batch_end(A&&...) {}
+};
+struct OverloadedHook {
+  void setup(View&) {}
+  void setup(View&, int) {}
+};
+struct DataMemberHook {
+  int on_train_end = 0;  // e.g. a std::function member (LambdaCallback)
+};
+struct Misspelt {
+  void on_train_epoch_ends(View&) {}
+  void on_fit_begin() {}
+};
+struct Empty {};
+struct Logger {
+  void log_metrics(int, long) {}
+};
+struct Monitoring {
+  static constexpr bool monitoring = true;
+  void on_train_epoch_end() {}
+};
+struct Sealed final {
+  void on_fit_start() {}
+};
+}  // namespace callback_probe
+
+TEST_CASE("callback: a type is one when a member bears a hook's name; a misspelt one is not", "[concepts][callback]") {
+  using namespace callback_probe;
+  STATIC_REQUIRE(fulgur::callback<OneHook>);
+  STATIC_REQUIRE(fulgur::callback<TemplateHook>);
+  STATIC_REQUIRE(fulgur::callback<OverloadedHook>);
+  STATIC_REQUIRE(fulgur::callback<DataMemberHook>);
+  STATIC_REQUIRE(fulgur::callback<Logger>);
+  STATIC_REQUIRE(fulgur::logger<Logger>);
+  STATIC_REQUIRE_FALSE(fulgur::logger<OneHook>);
+  STATIC_REQUIRE_FALSE(fulgur::callback<Misspelt>);
+  STATIC_REQUIRE_FALSE(fulgur::callback<Empty>);
+  STATIC_REQUIRE_FALSE(fulgur::callback<int>);
+  STATIC_REQUIRE(fulgur::callback<std::vector<OneHook>>);
+  STATIC_REQUIRE(fulgur::callback<Sealed>);  // final: cannot be probed, taken at its word
+  STATIC_REQUIRE(fulgur::monitoring_callback<Monitoring>());
+  STATIC_REQUIRE_FALSE(fulgur::monitoring_callback<OneHook>());
 }

@@ -1,6 +1,7 @@
 // One rank of a multi-process test, started by torchrun (or tests/distributed/fault.sh) with the
 // scenario as argv[1]. Each rank checks its own results; a failure exits non-zero with the reason,
 // which fails the ctest case. Global rank 0 prints "PASS <scenario>" at the end.
+#include <fulgur/detail/files.hpp>
 #include <fulgur/fulgur.hpp>
 #include <torch/torch.h>
 
@@ -377,6 +378,43 @@ void two_nodes() {
   std::cout << "node " << trainer.strategy().node_rank() << " done" << std::endl;
 }
 
+// Callbacks and loggers under DDP: only rank 1's score stops improving, yet both ranks stop in the
+// same epoch (EarlyStopping decides with any-rank); the loggers write on rank 0 only.
+struct RankScoredImpl : NetImpl {
+  at::Tensor validation_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+    const double epoch = static_cast<double>(ctx.current_epoch);
+    ctx.log("score", my_rank == 1 ? (epoch == 0 ? 1.0 : 2.0) : 1.0 / (1.0 + epoch));
+    return NetImpl::validation_step(b, i);
+  }
+};
+TORCH_MODULE(RankScored);
+
+void callbacks() {
+  const std::string root = "/tmp/fulgur_ddp_callbacks";
+  std::ostringstream progress;
+  TrainerConfig c = config({.max_epochs = 5, .default_root_dir = root});
+  c.enable_progress_bar = true;
+  Trainer<CPUAccelerator, Gloo, FloatPrecision, EarlyStopping, CSVLogger, ProgressBar> trainer(
+      c, options(),
+      EarlyStopping({.monitor = "score", .patience = 1}), CSVLogger(),
+      ProgressBar({.plain_interval = std::chrono::seconds(0), .terminal = false, .stream = &progress}));
+  my_rank = trainer.global_rank();
+  if (my_rank == 0) fulgur::detail::remove_tree(root);
+  trainer.barrier("clean");
+  auto [x, y] = dataset(128);
+  RankScored model;
+  data::TensorLoader train(x, y, {.batch_size = 16}), val(x, y, {.batch_size = 32});
+  const auto result = trainer.fit(model, train, val);
+  check(result.epochs.size() == 2, "both ranks stop after epoch 1, got " + std::to_string(result.epochs.size()) + " epochs");
+  check(result.stop_reason.rfind("EarlyStopping", 0) == 0, "the stop reason names EarlyStopping: " + result.stop_reason);
+  check((my_rank == 0) == !progress.str().empty(), "the progress bar draws on rank 0 only");
+  trainer.barrier("written");
+  const std::string version0 = root + "/lightning_logs/version_0";
+  check(trainer.callback<CSVLogger>().log_dir() == version0, "every rank resolves the same log directory");
+  check(fulgur::detail::path_exists(version0 + "/metrics.csv"), "rank 0 wrote metrics.csv");
+  check(!fulgur::detail::path_exists(root + "/lightning_logs/version_1"), "no other rank wrote a version of its own");
+}
+
 // Started without torchrun: the Trainer launches the 2 ranks itself (and this process supervises).
 void launched() {
   const char* fail = std::getenv("FULGUR_TEST_FAIL_RANK");
@@ -415,6 +453,7 @@ int main(int argc, char** argv) {
     else if (scenario == "launched") launched();
     else if (scenario == "amp") amp_agreement();
     else if (scenario == "nonfinite") nonfinite();
+    else if (scenario == "callbacks") callbacks();
     else if (scenario == "two_nodes") two_nodes();
     else {
       std::cerr << "usage: ddp_worker collectives|parity|accumulation|unused|fault\n";

@@ -238,3 +238,106 @@ TEST_CASE("logged metrics equal Lightning's: names, step/epoch forms, weighted m
     }
   }
 }
+
+namespace {
+/// Records every callback hook as "cb:<hook>" ("cb:setup:fit") into the spy module's list.
+struct SpyCallback {
+  std::vector<std::string>* calls;
+  template <class... A>
+  void record(const char* name, const A&... args) {
+    std::string entry = std::string("cb:") + name;
+    ((entry += stage_suffix(args)), ...);
+    calls->push_back(entry);
+  }
+  template <class T>
+  static std::string stage_suffix(const T& value) {
+    if constexpr (std::is_same_v<T, Stage>)
+      return ":" + std::string(to_string(value));
+    else
+      return "";
+  }
+#define FULGUR_TEST_SPY_HOOK(name)                       \
+  template <class... A>                                  \
+  void name(TrainerView&, torch::nn::Module&, const A&... args) { \
+    record(#name, args...);                              \
+  }
+  FULGUR_CALLBACK_HOOK_NAMES(FULGUR_TEST_SPY_HOOK)
+#undef FULGUR_TEST_SPY_HOOK
+};
+
+/// The spy module, logging "watched" in validation_step: 3, 2, 2.5, ... by epoch, so that
+/// EarlyStopping(patience 1) stops after epoch 2.
+struct WatchedImpl : SpyImpl {
+  at::Tensor validation_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+    ctx.log("watched", std::vector<double>{3.0, 2.0, 2.5, 2.6, 2.7}.at(static_cast<std::size_t>(ctx.current_epoch)));
+    return SpyImpl::validation_step(b, i);
+  }
+};
+TORCH_MODULE(Watched);
+}  // namespace
+
+TEST_CASE("callback hooks reach callbacks in Lightning's order, around the module's, up to an early stop",
+          "[lightning][hooks][callbacks]") {
+  Watched spy;
+  test::CpuTrainer<FloatPrecision, SpyCallback, EarlyStopping> trainer(
+      test::quiet({.max_epochs = 5, .accumulate_grad_batches = 2, .limit_val_batches = 2}), SpyCallback{&spy->calls},
+      EarlyStopping({.monitor = "watched", .patience = 1}));
+  const auto result = trainer.fit(spy, loader(12), loader(12));
+  CHECK(first_difference(spy->calls, reference_lines("hooks_callbacks.txt")) == "");
+  CHECK(result.epochs.size() == 3);
+  CHECK(trainer.callback<EarlyStopping>().stopped_epoch() == 2);
+  CHECK(result.stop_reason.rfind("EarlyStopping: Monitored metric watched did not improve in the last 1 records", 0) == 0);
+}
+
+namespace {
+/// A CSV file as rows of name -> text (empty cells dropped).
+std::vector<std::map<std::string, std::string>> read_csv(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + " is missing");
+  auto split = [](const std::string& line) {
+    std::vector<std::string> cells;
+    std::string cell;
+    std::istringstream fields(line);
+    while (std::getline(fields, cell, ',')) cells.push_back(cell);
+    if (!line.empty() && line.back() == ',') cells.emplace_back();
+    return cells;
+  };
+  std::string line;
+  std::getline(in, line);
+  const auto header = split(line);
+  std::vector<std::map<std::string, std::string>> rows;
+  while (std::getline(in, line)) {
+    const auto cells = split(line);
+    std::map<std::string, std::string> row;
+    for (std::size_t i = 0; i < header.size() && i < cells.size(); ++i)
+      if (!cells[i].empty()) row[header[i]] = cells[i];
+    rows.push_back(row);
+  }
+  return rows;
+}
+}  // namespace
+
+TEST_CASE("CSVLogger writes Lightning's metrics.csv: the same rows, steps, columns and values",
+          "[lightning][loggers]") {
+  const std::string root = test::temporary_directory("csv_parity");
+  Logging model;
+  test::CpuTrainer<FloatPrecision, CSVLogger> trainer(
+      test::quiet({.max_epochs = 2, .num_sanity_val_steps = 0, .log_every_n_steps = 1, .default_root_dir = root}),
+      CSVLogger());
+  auto train = loader(10);
+  trainer.fit(model, train, loader(6));
+  const std::string path = trainer.callback<CSVLogger>().metrics_file();
+  CHECK(path == root + "/lightning_logs/version_0/metrics.csv");
+  const auto fulgur_rows = read_csv(path);
+  const auto lightning_rows = read_csv(std::string(FULGUR_GOLDEN_DIR) + "/lightning/metrics_logging.csv");
+  REQUIRE(fulgur_rows.size() == lightning_rows.size());
+  for (std::size_t i = 0; i < fulgur_rows.size(); ++i) {
+    INFO("row " << i);
+    REQUIRE(fulgur_rows[i].size() == lightning_rows[i].size());
+    for (const auto& [name, text] : lightning_rows[i]) {
+      INFO(name);
+      REQUIRE(fulgur_rows[i].count(name) == 1);
+      CHECK(std::stod(fulgur_rows[i].at(name)) == Approx(std::stod(text)).epsilon(1e-6));
+    }
+  }
+}

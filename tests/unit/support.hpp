@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "fulgur/detail/files.hpp"
 #include "fulgur/fulgur.hpp"
 
 namespace test {
@@ -97,8 +98,18 @@ std::string message_of(const std::function<void()>& f) {
 
 using CPU = fulgur::CPUAccelerator;
 using Single = fulgur::SingleDeviceStrategy;
-template <class P>
-using CpuTrainer = fulgur::Trainer<CPU, Single, P>;
+template <class P, class... Callbacks>
+using CpuTrainer = fulgur::Trainer<CPU, Single, P, Callbacks...>;
+
+/// A fresh, empty directory under the build's test folder (removed first if a run left one).
+inline std::string temporary_directory(const std::string& name) {
+  // POSIX helpers, not std::filesystem (fulgur/detail/files.hpp says why)
+  std::string golden = FULGUR_GOLDEN_DIR;
+  const std::string path = golden.substr(0, golden.find_last_of('/')) + "/scratch/" + name;
+  fulgur::detail::remove_tree(path);
+  fulgur::detail::make_directories(path);
+  return path;
+}
 
 inline fulgur::TrainerConfig quiet(fulgur::TrainerConfig c = {}) {
   c.enable_progress_bar = false;

@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "fulgur/callbacks/trainer_view.hpp"
 #include "fulgur/data/apply.hpp"
 #include "fulgur/data/batch.hpp"
 #include "fulgur/detail/describe.hpp"
@@ -28,6 +29,10 @@ namespace fulgur::loops {
 
 /// fit without validation data.
 struct NoData {};
+
+/// The hook caller of a Trainer's loops: the module's hooks and its callbacks'.
+template <class Fabric, class Module>
+using HookCallerOf = hooks::HookCaller<Module, typename Fabric::callbacks_type>;
 
 template <class Data>
 using batch_of_t = std::remove_cvref_t<decltype(*std::begin(std::declval<Data&>()))>;
@@ -133,7 +138,7 @@ auto convert_model_inputs(Fabric& fabric, const Batch& batch) {
 /// module's transfer_batch_to_device if it has one), on_after_batch_transfer, then the model
 /// inputs converted to the precision. A batch that cannot get there is a StepError naming it.
 template <class Fabric, class Module, class Batch>
-auto prepare_batch(Fabric& fabric, hooks::HookCaller<Module>& hook, const Batch& raw, std::string_view step) {
+auto prepare_batch(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, const Batch& raw, std::string_view step) {
   const StepContext& ctx = hook.ctx();
   try {
     decltype(auto) before = [&]() -> decltype(auto) {
@@ -165,7 +170,8 @@ auto prepare_batch(Fabric& fabric, hooks::HookCaller<Module>& hook, const Batch&
 /// rank 0, then every rank waits), setup(stage), configure_model (in init_module's context, so
 /// what it creates lands on the device in the precision's dtype).
 template <class Fabric, class Module>
-void run_setup_hooks(Fabric& fabric, hooks::HookCaller<Module>& hook, Stage stage) {
+void run_setup_hooks(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, Stage stage) {
+  fabric.callback_set().set_up_loggers({fabric.config().default_root_dir, fabric.global_rank()});
   if constexpr (hooks::defines<Module, hooks::prepare_data_t>) {
     if (fabric.local_rank() == 0) hook(hooks::prepare_data);
     fabric.barrier("prepare_data");
@@ -188,16 +194,21 @@ auto run_evaluation_stage(Fabric& fabric, Module& module, Data& data, Stage stag
   ctx.stage = stage;
   ctx.global_rank = fabric.global_rank();
   ctx.world_size = fabric.world_size();
-  hooks::HookCaller<Module> hook(module, ctx);
+  ctx.current_epoch = fabric.fit_position().epoch;  // after fit, Lightning reports there
+  TrainerView view(ctx, fabric.config(), module, fabric.view_ops());
+  view.set_logging_step(fabric.fit_position().logging_step);
+  HookCallerOf<Fabric, Module> hook(module, ctx, fabric.callback_set(), view);
   try {
     run_setup_hooks(fabric, hook, stage);
     fabric.setup_module(module, ModuleSetup::evaluation);
     auto&& loader = fabric.setup_dataloader(data);
     auto result = run(hook, loader);
     hook(hooks::teardown, stage);
+    fabric.callback_set().finalize_loggers("success");
     return result;
   } catch (const std::exception& e) {
     hook(hooks::on_exception, e);
+    fabric.callback_set().finalize_loggers("failed");
     throw;
   }
 }

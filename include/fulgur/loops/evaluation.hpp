@@ -15,6 +15,7 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -80,7 +81,7 @@ enum class EvaluationMode { standalone, inside_fit, sanity_check };
 template <class Kind, class Fabric, class Module, class Data>
 class EvaluationLoop {
  public:
-  EvaluationLoop(Fabric& fabric, hooks::HookCaller<Module>& hook, Data& data, detail::MetricViews& views)
+  EvaluationLoop(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, Data& data, detail::MetricViews& views)
       : fabric_(fabric), hook_(hook), data_(data), views_(views) {}
 
   /// At most max_batches batches (-1: all of them).
@@ -100,6 +101,11 @@ class EvaluationLoop {
     ctx.sanity_checking = mode == EvaluationMode::sanity_check;
     if constexpr (requires { data_.set_epoch(ctx.current_epoch); })
       if (mode != EvaluationMode::standalone) data_.set_epoch(ctx.current_epoch);  // a sampler may follow fit's epoch
+    if (TrainerView* view = hook_.view()) {
+      std::int64_t batches = max_batches;
+      if (const auto length = sized_length(data_)) batches = batches < 0 ? *length : std::min(batches, *length);
+      view->set_num_evaluation_batches(batches);
+    }
     ModuleModes modes(hook_.module());
     hook_.call_or(Kind::model_eval, [&] { hook_.module().eval(); });
     hook_(Kind::start);
@@ -147,7 +153,14 @@ class EvaluationLoop {
     if constexpr (has_loss<std::remove_cvref_t<decltype(output)>>) add_loss(loss_of(output), batch_size);
     hook_(Kind::batch_end, output, batch, batch_idx);
     metrics_.sync_step_values(all_reduce());
-    if (!ctx.sanity_checking) metrics_.publish_step(views_);
+    if (ctx.sanity_checking) return;
+    if constexpr (Fabric::callbacks_type::has_loggers) {  // Lightning's update_eval_step_metrics
+      Metrics logged;
+      metrics_.collect_step_logged(logged);
+      if (!logged.empty()) hook_.view()->log_metrics(logged, seen_batches_);
+      ++seen_batches_;
+    }
+    metrics_.publish_step(views_);
   }
 
   void add_loss(const at::Tensor& loss, std::int64_t batch_size) {
@@ -179,9 +192,19 @@ class EvaluationLoop {
     for (const auto& [name, value] : epoch.logged) result.metrics[name] = value.template item<double>();
     if (result.loss && !result.metrics.contains(std::string(Kind::loss_name)))
       result.metrics[std::string(Kind::loss_name)] = *result.loss;
+    if constexpr (Fabric::callbacks_type::has_loggers)
+      if (publish && !result.metrics.empty()) send_to_loggers(result.metrics);
     loss_sum_ = at::Tensor();
     loss_weight_ = 0.0;
     return result;
+  }
+
+  /// The run's epoch values to the loggers, at the logging step, with the epoch (Lightning's
+  /// update_eval_epoch_metrics).
+  void send_to_loggers(Metrics metrics) {
+    TrainerView& view = *hook_.view();
+    metrics.emplace("epoch", static_cast<double>(view.current_epoch()));
+    view.log_metrics(metrics, view.logging_step());
   }
 
   std::string non_finite_warning(double loss) const {
@@ -199,12 +222,13 @@ class EvaluationLoop {
   }
 
   Fabric& fabric_;
-  hooks::HookCaller<Module>& hook_;
+  HookCallerOf<Fabric, Module>& hook_;
   Data& data_;
   detail::MetricViews& views_;
   detail::MetricCollection metrics_{/*training=*/false};
   at::Tensor loss_sum_;
   double loss_weight_ = 0.0;
+  std::int64_t seen_batches_ = 0;  // the step of evaluation step values sent to loggers (across runs, as Lightning)
 };
 
 /// Trainer::validate and Trainer::test: one run over the data, as an evaluation stage.

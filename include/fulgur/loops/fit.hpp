@@ -28,6 +28,7 @@
 #include "fulgur/concepts/training_module.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
+#include "fulgur/interrupt.hpp"
 #include "fulgur/loops/common.hpp"
 #include "fulgur/loops/evaluation.hpp"
 #include "fulgur/loops/optimization.hpp"
@@ -86,30 +87,52 @@ class FitLoop {
   FitLoop(Fabric& fabric, Module& module, TrainData& train, ValData& val)
       : fabric_(fabric),
         config_(fabric.config()),
-        hook_(module, ctx_),
+        view_(ctx_, config_, module, fabric.view_ops()),
+        hook_(module, ctx_, fabric.callback_set(), view_),
         train_(fabric.setup_dataloader(train)),
         val_(process_validation(fabric, val)) {}
 
   FitResult run() {
+    InterruptHandler interrupt_handler(config_.handle_interrupt);
     try {
       set_up();
       hook_(hooks::on_fit_start);
       sanity_check();
+      stop_if_interrupted("the sanity check");
       if (max_batches_ != 0 && !done()) {  // nothing to train (limit 0, max_epochs 0, ...): Lightning's skip
         hook_(hooks::on_train_start);
         run_epochs();
+        stop_if_interrupted("the last epoch");  // a Ctrl-C in the last validation is not lost
         hook_(hooks::on_train_end);
       }
       hook_(hooks::on_fit_end);
       hook_(hooks::teardown, Stage::fit);
+      fabric_.callback_set().finalize_loggers("success");
+    } catch (const Interrupted& e) {  // Ctrl-C: the step finished; shut down as Lightning does, and return
+      hook_(hooks::on_exception, e);
+      fabric_.callback_set().finalize_loggers("interrupted");
+      hook_(hooks::teardown, Stage::fit);
+      result_.interrupted = true;
+      progress_.stop_reason = e.what();
+      warn(std::string("fulgur: ") + e.what() + "; fit returns with FitResult::interrupted = true.");
     } catch (const std::exception& e) {
       hook_(hooks::on_exception, e);
+      fabric_.callback_set().finalize_loggers("failed");
       throw;
     }
     return finish();
   }
 
  private:
+  /// Ctrl-C outside the training batches (which check it themselves): the same graceful stop.
+  void stop_if_interrupted(const char* where) {
+    bool interrupted = detail::interrupt_requested();
+    if (fabric_.world_size() > 1) interrupted = fabric_.reduce_boolean_decision(interrupted, /*all=*/false);
+    if (interrupted)
+      throw Interrupted("interrupted by SIGINT (Ctrl-C) in " + std::string(where) + " (epoch " +
+                        std::to_string(ctx_.current_epoch) + ", global_step " + std::to_string(progress_.global_step) + ")");
+  }
+
   static ValLoader process_validation(Fabric& fabric, ValData& val) {
     if constexpr (has_validation) return fabric.setup_dataloader(val);
     else return NoData{};
@@ -121,6 +144,9 @@ class FitLoop {
     ctx_.world_size = fabric_.world_size();
     ctx_.stage = Stage::fit;
     ctx_.attach(&train_metrics_);
+    view_.attach_metrics(&views_);
+    view_.attach_stop_reason(&progress_.stop_reason);
+    view_.set_max_epochs(max_epochs());
     train_metrics_.set_device(fabric_.device());
     run_setup_hooks(fabric_, hook_, Stage::fit);
     if (module.parameters().empty())
@@ -139,7 +165,11 @@ class FitLoop {
       optimization_.emplace(fabric_, hook_, config_, *optimizers_.front().optimizer, progress_);
     else
       optimization_.emplace(fabric_, hook_, config_, optimizers_, progress_);
+    view_.attach_optimizers(optimizers_);
     plan_batches();
+    view_.set_num_training_batches(max_batches_ >= 0 ? max_batches_ : -1);
+    if constexpr (Fabric::callbacks_type::has_loggers && requires { module.hparams(); })
+      fabric_.callback_set().log_hyperparams(module.hparams());  // Lightning's _log_hyperparams
     if (!module.is_training())
       warn("fulgur: the module is in eval mode at the start of training (dropout and batch norm behave as in "
            "evaluation); call module->train() before fit if that is not what you want.");
@@ -253,8 +283,8 @@ class FitLoop {
                           warnings_, validation},
                          max_batches_, schedule_);
     const auto start = std::chrono::steady_clock::now();
+    view_.set_fit_start(start);
     while (!done()) {
-      const auto epoch_start = std::chrono::steady_clock::now();
       EpochSummary summary;
       summary.epoch = ctx_.current_epoch = progress_.epochs_done;
       progress_.stepped_in_epoch = progress_.skipped_in_epoch = 0;
@@ -262,14 +292,17 @@ class FitLoop {
       hook_(hooks::on_train_epoch_start);
       const bool completed = epoch_loop.run(summary, start);
       finish_epoch(summary, completed);
-      print_epoch(summary, std::chrono::steady_clock::now() - epoch_start);
     }
   }
 
   void finish_epoch(EpochSummary& summary, bool completed) {
     ++progress_.epochs_done;
-    hook_(hooks::on_train_epoch_end);
-    train_metrics_.publish_epoch(views_, [this](const at::Tensor& t, ReduceOp op) { return fabric_.all_reduce(t, op); });
+    auto publish = [this] { train_metrics_.publish_epoch(views_, [this](const at::Tensor& t, ReduceOp op) { return fabric_.all_reduce(t, op); }); };
+    // What the epoch logged is visible to on_train_epoch_end, and what the module logs there to the
+    // monitoring callbacks after it (EarlyStopping, the progress bar's epoch line).
+    publish();
+    hook_.call_with_monitoring_after(hooks::on_train_epoch_end, publish);
+    if constexpr (Fabric::callbacks_type::has_loggers) send_epoch_to_loggers();
     if (completed && progress_.stepped_in_epoch > 0)
       schedulers_.after_epoch(summary.epoch, views_.callback, /*plateau=*/true);
     for (auto& w : schedulers_.take_warnings()) warn(std::move(w));
@@ -284,18 +317,14 @@ class FitLoop {
   /// The callback metrics on the host (one read each, at an epoch's end or fit's).
   Metrics host_metrics() const { return views_.callback.to_host(); }
 
-  /// One line per epoch on global rank 0: the step, the losses, the values logged with prog_bar.
-  void print_epoch(const EpochSummary& summary, std::chrono::steady_clock::duration took) {
-    if (!config_.enable_progress_bar) return;
-    std::string line = "epoch " + std::to_string(summary.epoch + 1);
-    if (config_.max_epochs && *config_.max_epochs > 0) line += "/" + std::to_string(*config_.max_epochs);
-    line += "  step " + std::to_string(summary.global_step);
-    if (summary.train_loss) line += "  train_loss " + fixed(*summary.train_loss);
-    if (summary.val_loss) line += "  val_loss " + fixed(*summary.val_loss);
-    for (const auto& [name, value] : views_.progress_bar)  // read here, once an epoch
-      line += "  " + name + " " + fixed(value.template item<double>());
-    if (summary.skipped_optimizer_steps) line += "  skipped_steps " + std::to_string(summary.skipped_optimizer_steps);
-    fabric_.print(line, "  (", fixed(std::chrono::duration<double>(took).count()), " s)");
+  /// The epoch's logged values to the loggers, at the epoch's last logging step (Lightning's
+  /// update_train_epoch_metrics, which logs at _batches_that_stepped - 1).
+  void send_epoch_to_loggers() {
+    Metrics logged;
+    train_metrics_.collect_epoch_logged(logged);
+    if (logged.empty()) return;
+    logged.emplace("epoch", static_cast<double>(ctx_.current_epoch));
+    view_.log_metrics(logged, progress_.batches_that_stepped - 1);
   }
 
   void warn(std::string text) {
@@ -304,6 +333,7 @@ class FitLoop {
   }
 
   FitResult finish() {
+    fabric_.record_fit_position({progress_.epochs_done, progress_.batches_that_stepped});
     result_.global_step = progress_.global_step;
     result_.skipped_optimizer_steps = skipped_total_;
     result_.metrics = host_metrics();
@@ -317,7 +347,8 @@ class FitLoop {
   Fabric& fabric_;
   const TrainerConfig& config_;
   StepContext ctx_;
-  hooks::HookCaller<Module> hook_;
+  TrainerView view_;
+  HookCallerOf<Fabric, Module> hook_;
   TrainLoader train_;
   ValLoader val_;
   std::vector<OptimizerConfig> optimizers_;

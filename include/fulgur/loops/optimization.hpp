@@ -84,7 +84,7 @@ struct BatchOutcome {
 template <class Fabric, class Module>
 class AutomaticOptimization {
  public:
-  AutomaticOptimization(Fabric& fabric, hooks::HookCaller<Module>& hook, const TrainerConfig& config,
+  AutomaticOptimization(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, const TrainerConfig& config,
                         torch::optim::Optimizer& optimizer, FitProgress& progress)
       : fabric_(fabric), hook_(hook), config_(config), optimizer_(optimizer), progress_(progress) {}
 
@@ -136,7 +136,7 @@ class AutomaticOptimization {
   }
 
   Fabric& fabric_;
-  hooks::HookCaller<Module>& hook_;
+  HookCallerOf<Fabric, Module>& hook_;
   const TrainerConfig& config_;
   torch::optim::Optimizer& optimizer_;
   FitProgress& progress_;
@@ -145,7 +145,7 @@ class AutomaticOptimization {
 template <class Fabric, class Module>
 class ManualOptimization {
  public:
-  ManualOptimization(Fabric& fabric, hooks::HookCaller<Module>& hook, const TrainerConfig& config,
+  ManualOptimization(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, const TrainerConfig& config,
                      std::vector<OptimizerConfig>& optimizers, FitProgress& progress)
       : fabric_(fabric), hook_(hook), config_(config), optimizers_(optimizers), progress_(progress) {
     ops_ = {this, &ManualOptimization::backward, &ManualOptimization::step, &ManualOptimization::clip};
@@ -194,7 +194,7 @@ class ManualOptimization {
   }
 
   Fabric& fabric_;
-  hooks::HookCaller<Module>& hook_;
+  HookCallerOf<Fabric, Module>& hook_;
   const TrainerConfig& config_;
   std::vector<OptimizerConfig>& optimizers_;
   FitProgress& progress_;

@@ -26,11 +26,11 @@ namespace fulgur::loops {
 template <class Fabric, class Module, class Data>
 class PredictionLoop {
   using Output = step_output_t<Fabric, Module, hooks::predict_step_t,
-                               decltype(prepare_batch(std::declval<Fabric&>(), std::declval<hooks::HookCaller<Module>&>(),
+                               decltype(prepare_batch(std::declval<Fabric&>(), std::declval<HookCallerOf<Fabric, Module>&>(),
                                                       std::declval<const batch_of_t<Data>&>(), ""))>;
 
  public:
-  PredictionLoop(Fabric& fabric, hooks::HookCaller<Module>& hook, Data& data) : fabric_(fabric), hook_(hook), data_(data) {}
+  PredictionLoop(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, Data& data) : fabric_(fabric), hook_(hook), data_(data) {}
 
   /// At most max_batches batches (-1: all of them).
   auto run(std::int64_t max_batches) {
@@ -71,7 +71,7 @@ class PredictionLoop {
   }
 
   Fabric& fabric_;
-  hooks::HookCaller<Module>& hook_;
+  HookCallerOf<Fabric, Module>& hook_;
   Data& data_;
 };
 

@@ -12,7 +12,7 @@
 namespace fulgur::loops {
 
 template <class Fabric, class Module, class Step, class Batch>
-auto run_step(Fabric& fabric, hooks::HookCaller<Module>& hook, Step step, const Batch& batch) {
+auto run_step(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, Step step, const Batch& batch) {
   StepContext& ctx = hook.ctx();
   try {
     auto precision_context = fabric.forward_context();
@@ -29,7 +29,7 @@ auto run_step(Fabric& fabric, hooks::HookCaller<Module>& hook, Step step, const 
 
 /// The step's output type for batches of type Batch.
 template <class Fabric, class Module, class Step, class Batch>
-using step_output_t = decltype(run_step(std::declval<Fabric&>(), std::declval<hooks::HookCaller<Module>&>(),
+using step_output_t = decltype(run_step(std::declval<Fabric&>(), std::declval<HookCallerOf<Fabric, Module>&>(),
                                         std::declval<Step>(), std::declval<const Batch&>()));
 
 }  // namespace fulgur::loops

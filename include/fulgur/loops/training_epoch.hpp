@@ -25,6 +25,7 @@
 #include "fulgur/data/apply.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
+#include "fulgur/interrupt.hpp"
 #include "fulgur/loops/common.hpp"
 #include "fulgur/loops/evaluation.hpp"
 #include "fulgur/loops/optimization.hpp"
@@ -46,7 +47,7 @@ class TrainingEpochLoop {
  public:
   struct Parts {
     Fabric& fabric;
-    hooks::HookCaller<Module>& hook;
+    HookCallerOf<Fabric, Module>& hook;
     TrainData& data;
     Optimization& optimization;
     Schedulers& schedulers;
@@ -115,15 +116,33 @@ class TrainingEpochLoop {
     p_.hook(hooks::on_train_batch_end, outcome.output, batch, batch_idx);
     if (!p_.metrics.empty()) {  // something was logged this epoch
       p_.metrics.sync_step_values(all_reduce());
+      if constexpr (Fabric::callbacks_type::has_loggers)
+        if (outcome.stepped) send_step_to_loggers();
       p_.metrics.publish_step(p_.views);
     }
     ++p_.progress.total_batch_idx;
-    const bool stop = stop_requested();
+    bool stop = stop_requested();
     read_loss(outcome, is_last || stop, step_at_batch);
-    if (should_validate(is_last)) validate(outcome.stepped);
+    if (should_validate(is_last)) {
+      validate(outcome.stepped);
+      stop = stop || stop_requested();  // a stop asked for in validation (EarlyStopping) ends the run here
+    }
+    check_interrupt(is_last);  // after the step and its validation: a Ctrl-C in either stops here
     if (outcome.step_ran) p_.schedulers.after_step(batch_idx, p_.views.callback, /*plateau=*/true);
-    if (outcome.stepped) ++p_.progress.batches_that_stepped;
+    if (outcome.stepped) p_.hook.view()->set_logging_step(++p_.progress.batches_that_stepped);
     return stop ? BatchEnd::stop_run : is_last ? BatchEnd::end_of_epoch : BatchEnd::go_on;
+  }
+
+  /// At Lightning's log steps (every log_every_n_steps optimizer steps, and when stopping), the
+  /// values logged on_step in this batch go to the loggers, with the epoch.
+  void send_step_to_loggers() {
+    const std::int64_t n = p_.progress.batches_that_stepped + 1;
+    if (n % config_.log_every_n_steps != 0 && !p_.hook.ctx().should_stop) return;
+    Metrics logged;
+    p_.metrics.collect_step_logged(logged);
+    if (logged.empty()) return;
+    logged.emplace("epoch", static_cast<double>(p_.hook.ctx().current_epoch));
+    p_.hook.view()->log_metrics(logged, p_.progress.batches_that_stepped);
   }
 
   template <class Response>
@@ -137,6 +156,21 @@ class TrainingEpochLoop {
   void step_epoch_schedulers() {
     if (p_.progress.stepped_in_epoch > 0)
       p_.schedulers.after_epoch(p_.hook.ctx().current_epoch, p_.views.callback, /*plateau=*/false);
+  }
+
+  /// Ctrl-C: one process stops after the batch; under DDP the ranks agree at log steps and an
+  /// epoch's last batch (one collective there, none per batch), so that they stop together.
+  void check_interrupt(bool is_last) {
+    bool interrupted = detail::interrupt_requested();
+    if (p_.fabric.world_size() > 1) {
+      const bool boundary = (p_.progress.batches_that_stepped + 1) % config_.log_every_n_steps == 0 || is_last;
+      if (!boundary) return;
+      interrupted = p_.fabric.reduce_boolean_decision(interrupted, /*all=*/false);
+    }
+    if (!interrupted) return;
+    const StepContext& ctx = p_.hook.ctx();
+    throw Interrupted("interrupted by SIGINT (Ctrl-C) after " +
+                      position_text("training_step", ctx.current_epoch, ctx.batch_idx, p_.progress.global_step));
   }
 
   /// Whether the run ends after this batch: max_steps, max_time, or a stop request once
@@ -175,6 +209,7 @@ class TrainingEpochLoop {
     if (p_.fabric.world_size() > 1) loss = p_.fabric.all_reduce(loss, ReduceOp::mean);
     const double value = loss.template item<double>();
     summary_->train_loss = value;
+    p_.hook.view()->set_last_train_loss(value);
     if (!p_.metrics.logs("train_loss"))  // fulgur's train_loss, a callback metric monitors can use
       p_.views.callback.set("train_loss", loss);
     constexpr bool scaled = detail::uses_scaler<typename Fabric::precision_type>();  // skips are counted instead

@@ -1,0 +1,139 @@
+#pragma once
+// The callbacks and loggers of a Trainer<A, S, P, Callbacks...>, held by value in the order given.
+// A hook reaches each callback that defines it with a direct call chosen at compile time; a
+// callback without the hook costs nothing, and a Trainer without callbacks has no code here at all.
+// A std::vector of callbacks (e.g. std::vector<AnyCallback>) is called element by element.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+#include <utility>
+
+#include "fulgur/callbacks/trainer_view.hpp"
+#include "fulgur/concepts/callback.hpp"
+#include "fulgur/errors.hpp"
+#include "fulgur/hooks.hpp"
+#include "fulgur/loggers/hyperparameters.hpp"
+#include "fulgur/loggers/log_directory.hpp"
+#include "fulgur/results.hpp"
+
+namespace fulgur {
+
+namespace detail {
+
+template <class T>
+struct callback_element {
+  using type = T;
+};
+template <class T, class A>
+struct callback_element<std::vector<T, A>> {
+  using type = T;
+};
+
+template <class... Ts>
+class CallbackSet {
+ public:
+  CallbackSet() = default;
+  explicit CallbackSet(Ts... items) : items_(std::move(items)...) {}
+
+  // A callback with a member of the hook's name that cannot take the call is reached too: the call
+  // is then the compile error that names the hook (never a hook silently not called).
+  template <class Hook, class Module, class... Args>
+  static constexpr bool reached_by =
+      ((Hook::template callback_defines<typename callback_element<Ts>::type, Module, Args...> ||
+        Hook::template callback_named<typename callback_element<Ts>::type>) ||
+       ...);
+  static constexpr bool has_loggers = (logger<typename callback_element<Ts>::type> || ...);
+
+  template <hooks::CallbackGroup group, class Hook, class Module, class... Args>
+  void call(Hook hook, TrainerView& view, Module& module, Args&... args) {
+    std::apply([&](auto&... item) { (call_one<group>(item, hook, view, module, args...), ...); }, items_);
+  }
+
+  // ---- loggers ----------------------------------------------------------------------------------
+  /// Resolves every logger's directory before any writes (loggers sharing a name share the
+  /// version); two loggers of one type in one directory would overwrite each other: an error.
+  void set_up_loggers(const LoggerSetup& setup) {
+    std::vector<std::pair<const std::type_info*, std::string>> claimed;
+    for_each_logger([&](auto& logger) {
+      if constexpr (requires { logger.set_up(setup); }) logger.set_up(setup);
+      if constexpr (requires { logger.log_dir(); }) {
+        const auto* type = &typeid(logger);
+        const std::string dir = logger.log_dir();
+        for (const auto& [other, other_dir] : claimed)
+          if (*other == *type && other_dir == dir)
+            throw MisconfigurationError("fulgur: two loggers of one type write to " + dir +
+                                        " and would overwrite each other's files; give them different names "
+                                        "(LoggerOptions::name) or save_dirs.");
+        claimed.emplace_back(type, dir);
+      }
+    });
+  }
+  /// Every logger gets the metrics, then saves (Lightning's logger connector does both).
+  void log_metrics(const Metrics& metrics, std::int64_t step) {
+    for_each_logger([&](auto& logger) {
+      logger.log_metrics(metrics, step);
+      if constexpr (requires { logger.save(); }) logger.save();
+    });
+  }
+  void log_hyperparams(const Hyperparameters& hparams) {
+    for_each_logger([&](auto& logger) {
+      if constexpr (requires { logger.log_hyperparams(hparams); }) logger.log_hyperparams(hparams);
+    });
+  }
+  /// "success", "failed" or "interrupted": the loggers write what they hold and close.
+  void finalize_loggers(std::string_view status) {
+    for_each_logger([&](auto& logger) {
+      if constexpr (requires { logger.finalize(status); }) logger.finalize(status);
+    });
+  }
+  std::string first_log_dir() {
+    std::string dir;
+    for_each_logger([&](auto& logger) {
+      if constexpr (requires { logger.log_dir(); })
+        if (dir.empty()) dir = logger.log_dir();
+    });
+    return dir;
+  }
+
+  std::tuple<Ts...>& items() { return items_; }
+
+ private:
+  template <hooks::CallbackGroup group, class C, class Hook, class Module, class... Args>
+  static void call_one(C& item, Hook hook, TrainerView& view, Module& module, Args&... args) {
+    using Element = typename callback_element<C>::type;
+    if constexpr (Hook::template callback_defines<Element, Module, Args...> || Hook::template callback_named<Element>) {
+      constexpr bool monitoring = monitoring_callback<Element>();
+      if constexpr ((group == hooks::CallbackGroup::monitoring && !monitoring) ||
+                    (group == hooks::CallbackGroup::non_monitoring && monitoring)) {
+        return;
+      } else if constexpr (is_vector<C>::value) {
+        for (auto& element : item) Hook::call_callback(element, view, module, args...);
+      } else {
+        Hook::call_callback(item, view, module, args...);
+      }
+    }
+    (void)hook;
+  }
+  template <class F>
+  void for_each_logger(F&& f) {
+    std::apply([&](auto&... item) { (visit_logger(item, f), ...); }, items_);
+  }
+  template <class C, class F>
+  static void visit_logger(C& item, F& f) {
+    if constexpr (logger<typename callback_element<C>::type>) {
+      if constexpr (is_vector<C>::value)
+        for (auto& element : item) f(element);
+      else
+        f(item);
+    }
+  }
+
+  std::tuple<Ts...> items_;
+};
+
+}  // namespace detail
+}  // namespace fulgur

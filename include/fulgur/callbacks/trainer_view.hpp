@@ -1,0 +1,147 @@
+#pragma once
+// TrainerView: what a callback sees of the trainer (Lightning passes `trainer` to every callback
+// hook). One concrete type for every Trainer<A, S, P, ...>, so that callbacks need not be
+// templates and can be compiled once (the shipped ones live in src/callbacks). The loops keep it
+// current; reading it costs nothing, except the metric values, which are tensors until read.
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fulgur/metrics.hpp"
+#include "fulgur/optimization.hpp"
+#include "fulgur/results.hpp"
+#include "fulgur/stage.hpp"
+#include "fulgur/step_context.hpp"
+#include "fulgur/trainer_config.hpp"
+
+namespace fulgur {
+
+namespace detail {
+/// The Trainer's side of a TrainerView: rare calls (a decision per epoch, metrics per log step)
+/// through plain function pointers, so that the view needs no template parameter.
+struct TrainerViewOps {
+  void* trainer = nullptr;
+  bool (*reduce_boolean_decision)(void* trainer, bool decision, bool all) = nullptr;
+  void (*log_metrics)(void* trainer, const Metrics& metrics, std::int64_t step) = nullptr;  ///< every logger
+  std::string (*log_dir)(void* trainer) = nullptr;  ///< the first logger's directory
+  bool has_loggers = false;
+};
+}  // namespace detail
+
+class TrainerView {
+ public:
+  TrainerView(StepContext& ctx, const TrainerConfig& config, torch::nn::Module& module, detail::TrainerViewOps ops)
+      : ctx_(&ctx), config_(&config), module_(&module), ops_(ops) {}
+
+  // ---- where the run is ----------------------------------------------------------------------------
+  Stage stage() const { return ctx_->stage; }
+  std::int64_t current_epoch() const { return ctx_->current_epoch; }
+  std::int64_t global_step() const { return ctx_->global_step; }
+  std::int64_t batch_idx() const { return ctx_->batch_idx; }
+  bool sanity_checking() const { return ctx_->sanity_checking; }
+  int global_rank() const { return ctx_->global_rank; }
+  int world_size() const { return ctx_->world_size; }
+  bool is_global_zero() const { return ctx_->global_rank == 0; }
+  const TrainerConfig& config() const { return *config_; }
+  /// The epoch limit fit runs to (-1: none; max_steps or max_time bound the run).
+  std::int64_t max_epochs() const { return max_epochs_; }
+  /// Training batches per epoch (-1: the loader cannot tell).
+  std::int64_t num_training_batches() const { return num_training_batches_; }
+  /// Batches of the evaluation run under way (validation inside fit, validate, test, predict; -1: unknown).
+  std::int64_t num_evaluation_batches() const { return num_evaluation_batches_; }
+  /// The step loggers receive: optimizer steps that ran or were skipped, not counting
+  /// accumulation micro-batches (Lightning's _batches_that_stepped).
+  std::int64_t logging_step() const { return logging_step_; }
+  /// When fit started (its set-up hooks excluded).
+  std::chrono::steady_clock::time_point fit_start() const { return fit_start_; }
+  /// The training loss as last read on the host (at the log cadence, an epoch's end); none yet.
+  std::optional<double> last_train_loss() const { return last_train_loss_; }
+
+  // ---- stopping ----------------------------------------------------------------------------------
+  /// Lightning's trainer.should_stop: fit ends after this batch (or epoch end), once min_epochs and
+  /// min_steps are met.
+  bool should_stop() const { return ctx_->should_stop; }
+  /// Asks fit to stop, with the reason FitResult::stop_reason reports (the first one given wins).
+  void request_stop(std::string reason) {
+    ctx_->should_stop = true;
+    if (stop_reason_ != nullptr && stop_reason_->empty()) *stop_reason_ = std::move(reason);
+  }
+
+  // ---- metrics -----------------------------------------------------------------------------------
+  /// Lightning's trainer.callback_metrics / logged_metrics / progress_bar_metrics, as tensors on the
+  /// training device (reading one is a host sync).
+  const detail::TensorMap& callback_metrics() const { return views_ != nullptr ? views_->callback : empty_; }
+  const detail::TensorMap& logged_metrics() const { return views_ != nullptr ? views_->logged : empty_; }
+  const detail::TensorMap& progress_bar_metrics() const { return views_ != nullptr ? views_->progress_bar : empty_; }
+  /// One callback metric on the host; none when nothing of that name was logged.
+  std::optional<double> metric(std::string_view name) const {
+    if (const at::Tensor* value = callback_metrics().find(name)) return value->item<double>();
+    return std::nullopt;
+  }
+  /// The names of the callback metrics, for messages ("`val_loss`, `train_loss`").
+  std::string metric_names() const {
+    std::string names;
+    for (const auto& [name, value] : callback_metrics()) names += (names.empty() ? "`" : ", `") + name + "`";
+    return names.empty() ? "(none)" : names;
+  }
+  /// Logs from a callback hook, as the module's ctx.log (Lightning's pl_module.log in a callback).
+  void log(std::string_view name, const at::Tensor& value, const LogOptions& options = {}) { ctx_->log(name, value, options); }
+  void log(std::string_view name, double value, const LogOptions& options = {}) { ctx_->log(name, value, options); }
+
+  // ---- the module, the optimizers, the processes, the loggers -------------------------------------
+  torch::nn::Module& module() const { return *module_; }
+  /// What configure_optimizers returned (empty outside fit).
+  std::span<OptimizerConfig> optimizers() const { return optimizers_; }
+  /// all: every rank decided true; otherwise: any rank did (one collective under DDP).
+  bool reduce_boolean_decision(bool decision, bool all = true) {
+    return ops_.reduce_boolean_decision ? ops_.reduce_boolean_decision(ops_.trainer, decision, all) : decision;
+  }
+  /// One line on global rank 0.
+  void print(std::string_view line) const {
+    if (is_global_zero()) std::cout << line << std::endl;
+  }
+  bool has_loggers() const { return ops_.has_loggers; }
+  /// Sends metrics to every logger (global rank 0 writes), at `step` (usually logging_step()).
+  void log_metrics(const Metrics& metrics, std::int64_t step) {
+    if (ops_.log_metrics != nullptr) ops_.log_metrics(ops_.trainer, metrics, step);
+  }
+  /// The first logger's directory (default_root_dir without loggers).
+  std::string log_dir() const { return ops_.log_dir ? ops_.log_dir(ops_.trainer) : config_->default_root_dir; }
+
+  // ---- set by the loops ----------------------------------------------------------------------------
+  void attach_metrics(const detail::MetricViews* views) { views_ = views; }
+  void attach_optimizers(std::span<OptimizerConfig> optimizers) { optimizers_ = optimizers; }
+  void attach_stop_reason(std::string* reason) { stop_reason_ = reason; }
+  void set_max_epochs(std::int64_t n) { max_epochs_ = n; }
+  void set_num_training_batches(std::int64_t n) { num_training_batches_ = n; }
+  void set_num_evaluation_batches(std::int64_t n) { num_evaluation_batches_ = n; }
+  void set_logging_step(std::int64_t n) { logging_step_ = n; }
+  void set_fit_start(std::chrono::steady_clock::time_point t) { fit_start_ = t; }
+  void set_last_train_loss(double loss) { last_train_loss_ = loss; }
+
+ private:
+  StepContext* ctx_;
+  const TrainerConfig* config_;
+  torch::nn::Module* module_;
+  detail::TrainerViewOps ops_;
+  const detail::MetricViews* views_ = nullptr;
+  std::span<OptimizerConfig> optimizers_{};
+  std::string* stop_reason_ = nullptr;
+  std::int64_t max_epochs_ = -1;
+  std::int64_t num_training_batches_ = -1;
+  std::int64_t num_evaluation_batches_ = -1;
+  std::int64_t logging_step_ = 0;
+  std::chrono::steady_clock::time_point fit_start_{};
+  std::optional<double> last_train_loss_{};
+  inline static const detail::TensorMap empty_{};
+};
+
+}  // namespace fulgur

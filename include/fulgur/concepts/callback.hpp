@@ -1,0 +1,96 @@
+#pragma once
+// What makes a type a callback or a logger for fulgur::Trainer<A, S, P, Callbacks...> (torch-free).
+//
+// A callback is any class with at least one member named after a hook fulgur calls on callbacks
+// (Lightning's Callback hooks); a logger is a class with `log_metrics`. Both are found by name, so
+// a type whose every member is misspelt (`on_train_epoch_ends`) is refused at compile time
+// instead of being silently never called. A member with a hook's name that cannot be called with
+// that hook's arguments is a separate error, raised where the hook is called (hooks.hpp).
+#include <concepts>
+#include <type_traits>
+#include <vector>
+
+// Every hook fulgur calls on callbacks, in no particular order (docs/callbacks.md gives each
+// signature and when it runs).
+#define FULGUR_CALLBACK_HOOK_NAMES(X)                                                                     \
+  X(setup) X(teardown) X(on_fit_start) X(on_fit_end) X(on_sanity_check_start) X(on_sanity_check_end)     \
+  X(on_exception) X(on_train_start) X(on_train_end) X(on_train_epoch_start) X(on_train_epoch_end)        \
+  X(on_train_batch_start) X(on_train_batch_end) X(on_before_zero_grad) X(on_before_backward)             \
+  X(on_after_backward) X(on_before_optimizer_step) X(on_validation_start) X(on_validation_end)           \
+  X(on_validation_epoch_start) X(on_validation_epoch_end) X(on_validation_batch_start)                   \
+  X(on_validation_batch_end) X(on_test_start) X(on_test_end) X(on_test_epoch_start) X(on_test_epoch_end) \
+  X(on_test_batch_start) X(on_test_batch_end) X(on_predict_start) X(on_predict_end)                      \
+  X(on_predict_epoch_start) X(on_predict_epoch_end) X(on_predict_batch_start) X(on_predict_batch_end)
+
+namespace fulgur {
+namespace detail {
+
+// Whether T has a member of a given name, of any kind (function, overload set, template, data):
+// a class derived from T and from a probe with an `int name` makes `&Derived::name` ambiguous
+// exactly when T has one too. A final class cannot be probed: it is taken at its word.
+#define FULGUR_DETAIL_MEMBER_PROBE(name)                                                  \
+  struct probe_##name {                                                                   \
+    int name;                                                                             \
+  };                                                                                      \
+  template <class T>                                                                      \
+  struct probed_##name : T, probe_##name {};                                              \
+  template <class T>                                                                      \
+  constexpr bool has_member_##name() {                                                    \
+    if constexpr (!std::is_class_v<T> || std::is_final_v<T>)                              \
+      return false;                                                                       \
+    else                                                                                  \
+      return !requires { &probed_##name<T>::name; };                                      \
+  }
+FULGUR_CALLBACK_HOOK_NAMES(FULGUR_DETAIL_MEMBER_PROBE)
+FULGUR_DETAIL_MEMBER_PROBE(log_metrics)
+#undef FULGUR_DETAIL_MEMBER_PROBE
+
+template <class T>
+constexpr bool names_a_callback_hook() {
+#define FULGUR_DETAIL_HAS(name) || has_member_##name<T>()
+  return false FULGUR_CALLBACK_HOOK_NAMES(FULGUR_DETAIL_HAS);
+#undef FULGUR_DETAIL_HAS
+}
+
+template <class T>
+struct is_vector : std::false_type {};
+template <class T, class A>
+struct is_vector<std::vector<T, A>> : std::true_type {
+  using element = T;
+};
+
+}  // namespace detail
+
+/// A logger: receives metrics (log_metrics(metrics, step)); see docs/loggers.md.
+template <class T>
+concept logger = detail::has_member_log_metrics<T>();
+
+/// A callback: defines at least one of the hooks fulgur calls on callbacks (a final class is
+/// accepted as it is). A std::vector of callbacks (e.g. of AnyCallback) is one too.
+template <class T>
+concept callback = std::is_class_v<T> &&
+                   (std::is_final_v<T> || detail::names_a_callback_hook<T>() || logger<T> ||
+                    (detail::is_vector<T>::value && requires { typename detail::is_vector<T>::element; }));
+
+/// One error for a Trainer argument that is neither a callback nor a logger (true otherwise).
+template <class T>
+constexpr bool assert_callback() {
+  static_assert(callback<T>,
+                "fulgur: a callback given to Trainer (its fourth and later arguments) defines none of the hooks "
+                "fulgur calls on callbacks, and no log_metrics: misspelt? docs/callbacks.md lists every hook with "
+                "its signature.");
+  return true;  // the static_assert above is the one error
+}
+
+/// Whether a callback runs its on_train_epoch_end after the module's (Lightning runs EarlyStopping
+/// and ModelCheckpoint there, so that they see what the module logged): declare
+/// `static constexpr bool monitoring = true;`.
+template <class T>
+constexpr bool monitoring_callback() {
+  if constexpr (requires { T::monitoring; })
+    return static_cast<bool>(T::monitoring);
+  else
+    return false;
+}
+
+}  // namespace fulgur

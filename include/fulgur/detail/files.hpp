@@ -1,0 +1,22 @@
+#pragma once
+// Folders and files through POSIX, never std::filesystem: the torch wheel's libtorch.so exports
+// its own (older) copy of std::filesystem's functions, which interposes on libstdc++'s in every
+// program that links LibTorch, and some of them crash (remove_all on a tree). Torch-free.
+#include <string>
+#include <vector>
+
+namespace fulgur::detail {
+
+/// Creates the folder and its parents (mkdir -p); throws fulgur::Error naming the path and the OS error.
+void make_directories(const std::string& folder);
+/// The names of the sub-folders of `folder` (none if it does not exist).
+std::vector<std::string> subdirectories(const std::string& folder);
+/// rename(2): atomic on one file system; throws naming both paths.
+void rename_path(const std::string& from, const std::string& to);
+/// rm -rf; nothing if the path does not exist.
+void remove_tree(const std::string& path);
+bool path_exists(const std::string& path);
+/// "a/b/c" -> "a/b"; "c" -> "."; "/c" -> "/".
+std::string parent_folder(const std::string& path);
+
+}  // namespace fulgur::detail

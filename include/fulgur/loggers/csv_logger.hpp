@@ -1,0 +1,52 @@
+#pragma once
+// CSVLogger: metrics.csv and hparams.yaml under <save_dir>/<name>/version_<n>, as Lightning's
+// CSVLogger writes them: one row per log_metrics call with its `step`, the columns sorted by name
+// (the file is rewritten when a new name appears), written on global rank 0 only. Torch-free.
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fulgur/loggers/hyperparameters.hpp"
+#include "fulgur/loggers/log_directory.hpp"
+
+namespace fulgur {
+
+using Metrics = std::map<std::string, double>;
+
+class CSVLogger {
+ public:
+  explicit CSVLogger(LoggerOptions options = {}, std::int64_t flush_logs_every_n_steps = 100);
+  ~CSVLogger();
+  CSVLogger(CSVLogger&&) noexcept;
+  CSVLogger& operator=(CSVLogger&&) = delete;
+  CSVLogger(const CSVLogger&) = delete;
+
+  void set_up(const LoggerSetup& setup);
+  void log_metrics(const Metrics& metrics, std::int64_t step);
+  void log_hyperparams(const Hyperparameters& hparams);
+  /// Writes what is buffered to metrics.csv.
+  void save();
+  void finalize(std::string_view status);
+
+  std::string_view name() const { return directory_.options().name; }
+  std::string version() const { return directory_.version_name(); }
+  /// <save_dir>/<name>/version_<n> (known once a run has started).
+  const std::string& log_dir() const { return directory_.path(); }
+  std::string metrics_file() const { return log_dir() + "/metrics.csv"; }
+
+ private:
+  void write_rows(bool rewrite);
+
+  loggers::detail::LogDirectory directory_;
+  std::int64_t flush_every_;
+  bool writer_ = true;  // global rank 0
+  std::vector<std::string> columns_;              // sorted
+  std::vector<std::map<std::string, std::string>> rows_;  // every row, for a rewrite with new columns
+  std::size_t written_ = 0;                        // rows already in the file
+  Hyperparameters hparams_;
+};
+
+}  // namespace fulgur

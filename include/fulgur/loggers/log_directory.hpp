@@ -1,0 +1,53 @@
+#pragma once
+// Where a logger writes: <save_dir>/<name>/version_<n>, as Lightning lays logs out (the next free
+// version unless one is given). Torch-free.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include "fulgur/loggers/hyperparameters.hpp"
+
+namespace fulgur {
+
+struct LoggerOptions {
+  std::string save_dir{};                ///< empty: TrainerConfig::default_root_dir
+  std::string name = "lightning_logs";   ///< empty: logs go straight into save_dir/version_<n>
+  /// A number (version_<n>) or a directory name; unset: one more than the highest version_<n> there.
+  std::optional<std::variant<std::int64_t, std::string>> version{};
+  std::string prefix{};                  ///< put before every metric name, with '-'
+};
+
+/// Where loggers write, given to each logger's set_up before anything is written.
+struct LoggerSetup {
+  std::string root_dir;  ///< TrainerConfig::default_root_dir
+  int global_rank = 0;   ///< only global rank 0 writes
+};
+
+namespace loggers::detail {
+
+/// The directory of a logger, resolved once (before any logger of the run creates its own, so
+/// that loggers sharing a name also share the version).
+class LogDirectory {
+ public:
+  explicit LogDirectory(const LoggerOptions& options) : options_(options) {}
+  void resolve(const std::string& default_root_dir);
+  bool resolved() const { return !path_.empty(); }
+  /// save_dir/name/version_<n> (empty before resolve).
+  const std::string& path() const { return path_; }
+  std::string version_name() const;
+  const LoggerOptions& options() const { return options_; }
+
+ private:
+  LoggerOptions options_;
+  std::string path_;
+  std::string version_;
+};
+
+/// hparams.yaml as Lightning writes it (one `name: value` per line).
+void write_hparams_yaml(const std::string& path, const Hyperparameters& hparams);
+/// A value as Python prints it in a CSV or YAML file ("0.1", "32", "true"/"True" is the caller's).
+std::string number_text(double value);
+
+}  // namespace loggers::detail
+}  // namespace fulgur

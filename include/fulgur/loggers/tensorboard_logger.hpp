@@ -1,0 +1,57 @@
+#pragma once
+// TensorBoardLogger: an event file TensorBoard reads (scalars, and hyper-parameters for its
+// HPARAMS tab) and hparams.yaml under <save_dir>/<name>/version_<n>, as Lightning's
+// TensorBoardLogger writes them, on global rank 0 only. `tensorboard --logdir <save_dir>` shows it.
+// The events are encoded by fulgur itself (loggers/event_file.hpp): no TensorFlow or protobuf.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "fulgur/loggers/hyperparameters.hpp"
+#include "fulgur/loggers/log_directory.hpp"
+
+namespace fulgur {
+
+using Metrics = std::map<std::string, double>;
+namespace loggers::detail {
+class EventFileWriter;
+}
+
+struct TensorBoardOptions {
+  /// Log hp_metric = -1 with the hyper-parameters, so that TensorBoard's HPARAMS tab lists the run
+  /// (Lightning's default_hp_metric); log your own "hp_metric" to replace it.
+  bool default_hp_metric = true;
+};
+
+class TensorBoardLogger {
+ public:
+  explicit TensorBoardLogger(LoggerOptions options = {}, TensorBoardOptions tensorboard = {});
+  ~TensorBoardLogger();
+  TensorBoardLogger(TensorBoardLogger&&) noexcept;
+  TensorBoardLogger& operator=(TensorBoardLogger&&) = delete;
+
+  void set_up(const LoggerSetup& setup);
+  void log_metrics(const Metrics& metrics, std::int64_t step);
+  void log_hyperparams(const Hyperparameters& hparams);
+  void save();
+  void finalize(std::string_view status);
+
+  std::string_view name() const { return directory_.options().name; }
+  std::string version() const { return directory_.version_name(); }
+  const std::string& log_dir() const { return directory_.path(); }
+  /// The event file (empty before the first write).
+  std::string event_file() const;
+
+ private:
+  loggers::detail::EventFileWriter& writer();
+
+  loggers::detail::LogDirectory directory_;
+  TensorBoardOptions tensorboard_;
+  bool writer_rank_ = true;
+  std::unique_ptr<loggers::detail::EventFileWriter> events_;
+  Hyperparameters hparams_;
+};
+
+}  // namespace fulgur

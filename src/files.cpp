@@ -1,0 +1,70 @@
+#include "fulgur/detail/files.hpp"
+#include "fulgur/errors.hpp"
+
+#include <dirent.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+namespace fulgur::detail {
+namespace {
+[[noreturn]] void fail(const std::string& what, const std::string& path, int error) {
+  throw Error("fulgur: " + what + " " + path + ": " + std::strerror(error) +
+                           "; check the path and its permissions.");
+}
+}  // namespace
+
+void make_directories(const std::string& folder) {
+  std::size_t next = 0;
+  while (next != std::string::npos) {
+    next = folder.find('/', next + 1);
+    const std::string prefix = folder.substr(0, next);
+    if (prefix.empty() || ::mkdir(prefix.c_str(), 0755) == 0 || errno == EEXIST) continue;
+    fail("cannot create the folder", prefix, errno);
+  }
+  struct stat info {};
+  if (::stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) fail("cannot create the folder", folder, ENOTDIR);
+}
+
+std::vector<std::string> subdirectories(const std::string& folder) {
+  std::vector<std::string> names;
+  DIR* dir = ::opendir(folder.c_str());
+  if (dir == nullptr) return names;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name == "." || name == "..") continue;
+    struct stat info {};
+    if (::stat((folder + "/" + name).c_str(), &info) == 0 && S_ISDIR(info.st_mode)) names.push_back(name);
+  }
+  ::closedir(dir);
+  return names;
+}
+
+void rename_path(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) fail("cannot rename " + from + " to", to, errno);
+}
+
+void remove_tree(const std::string& path) {
+  if (!path_exists(path)) return;
+  ::nftw(
+      path.c_str(), [](const char* file, const struct stat*, int, FTW*) { return ::remove(file); }, 16,
+      FTW_DEPTH | FTW_PHYS);
+}
+
+bool path_exists(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+std::string parent_folder(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace fulgur::detail

@@ -1,0 +1,66 @@
+#include "fulgur/loggers/tensorboard_logger.hpp"
+#include "fulgur/detail/files.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "fulgur/loggers/event_file.hpp"
+
+namespace fulgur {
+namespace {
+double wall_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+TensorBoardLogger::TensorBoardLogger(LoggerOptions options, TensorBoardOptions tensorboard)
+    : directory_(std::move(options)), tensorboard_(tensorboard) {}
+TensorBoardLogger::TensorBoardLogger(TensorBoardLogger&&) noexcept = default;
+TensorBoardLogger::~TensorBoardLogger() = default;  // the writer closes its file
+
+void TensorBoardLogger::set_up(const LoggerSetup& setup) {
+  writer_rank_ = setup.global_rank == 0;
+  directory_.resolve(setup.root_dir);
+}
+
+loggers::detail::EventFileWriter& TensorBoardLogger::writer() {
+  if (!events_) events_ = std::make_unique<loggers::detail::EventFileWriter>(log_dir());
+  return *events_;
+}
+
+std::string TensorBoardLogger::event_file() const { return events_ ? events_->path() : std::string(); }
+
+void TensorBoardLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
+  if (!writer_rank_) return;
+  const double now = wall_time();
+  const std::string& prefix = directory_.options().prefix;
+  for (const auto& [name, value] : metrics) writer().add_scalar(prefix.empty() ? name : prefix + "-" + name, value, step, now);
+}
+
+void TensorBoardLogger::log_hyperparams(const Hyperparameters& hparams) {
+  if (!writer_rank_) return;
+  for (const auto& entry : hparams) {
+    auto same = std::find_if(hparams_.begin(), hparams_.end(), [&](const auto& e) { return e.first == entry.first; });
+    if (same != hparams_.end())
+      same->second = entry.second;
+    else
+      hparams_.push_back(entry);
+  }
+  std::vector<std::string> metric_tags;
+  if (tensorboard_.default_hp_metric) metric_tags.push_back("hp_metric");
+  writer().add_hparams(hparams_, metric_tags, wall_time());
+  if (tensorboard_.default_hp_metric) log_metrics({{"hp_metric", -1.0}}, 0);
+  detail::make_directories(log_dir());
+  loggers::detail::write_hparams_yaml(log_dir() + "/hparams.yaml", hparams_);
+}
+
+void TensorBoardLogger::save() {
+  if (events_) events_->flush();
+}
+
+void TensorBoardLogger::finalize(std::string_view) {
+  if (events_) events_->close();
+  events_.reset();  // a later stage (test after fit) opens a new file in the same version directory
+}
+
+}  // namespace fulgur
