@@ -48,13 +48,7 @@ void CSVLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
 
 void CSVLogger::log_hyperparams(const Hyperparameters& hparams) {
   if (!writer_) return;
-  for (const auto& entry : hparams) {
-    auto same = std::find_if(hparams_.begin(), hparams_.end(), [&](const auto& e) { return e.first == entry.first; });
-    if (same != hparams_.end())
-      same->second = entry.second;
-    else
-      hparams_.push_back(entry);
-  }
+  loggers::detail::merge_hyperparameters(hparams_, hparams);
   detail::make_directories(log_dir());
   loggers::detail::write_hparams_yaml(log_dir() + "/hparams.yaml", hparams_);
 }

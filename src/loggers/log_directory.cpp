@@ -47,6 +47,16 @@ std::string number_text(double value) {
   return std::string(text, end);
 }
 
+void merge_hyperparameters(Hyperparameters& into, const Hyperparameters& more) {
+  for (const auto& entry : more) {
+    auto same = std::find_if(into.begin(), into.end(), [&](const auto& e) { return e.first == entry.first; });
+    if (same != into.end())
+      same->second = entry.second;
+    else
+      into.push_back(entry);
+  }
+}
+
 /// A float as YAML 1.1 (PyYAML) reads one back: a dot always, .nan / .inf.
 std::string yaml_float(double v) {
   if (std::isnan(v)) return ".nan";

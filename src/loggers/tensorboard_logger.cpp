@@ -39,13 +39,7 @@ void TensorBoardLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
 
 void TensorBoardLogger::log_hyperparams(const Hyperparameters& hparams) {
   if (!writer_rank_) return;
-  for (const auto& entry : hparams) {
-    auto same = std::find_if(hparams_.begin(), hparams_.end(), [&](const auto& e) { return e.first == entry.first; });
-    if (same != hparams_.end())
-      same->second = entry.second;
-    else
-      hparams_.push_back(entry);
-  }
+  loggers::detail::merge_hyperparameters(hparams_, hparams);
   std::vector<std::string> metric_tags;
   if (tensorboard_.default_hp_metric) metric_tags.push_back("hp_metric");
   writer().add_hparams(hparams_, metric_tags, wall_time());

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "fulgur/callbacks/trainer_view.hpp"
+#include "fulgur/detail/loss.hpp"
 #include "fulgur/stage.hpp"
 
 namespace fulgur {
@@ -42,7 +43,7 @@ class ProgressBar {
   template <class Output, class Batch>
   void on_train_batch_end(TrainerView& trainer, torch::nn::Module&, const Output& output, const Batch&,
                           std::int64_t batch_idx) {
-    if (active_) train_batch(trainer, batch_idx, loss_in(output));
+    if (active_) train_batch(trainer, batch_idx, detail::loss_of(output));
   }
   void on_train_epoch_end(TrainerView& trainer);
   void on_validation_start(TrainerView& trainer) { begin_evaluation(trainer, "Validation"); }
@@ -62,16 +63,6 @@ class ProgressBar {
 
  private:
   using clock = std::chrono::steady_clock;
-
-  template <class Output>
-  static at::Tensor loss_in(const Output& output) {
-    if constexpr (std::is_convertible_v<Output, at::Tensor>)
-      return output;
-    else if constexpr (requires { { output.loss } -> std::convertible_to<at::Tensor>; })
-      return output.loss;
-    else
-      return {};
-  }
 
   void train_batch(TrainerView& trainer, std::int64_t batch_idx, const at::Tensor& loss);
   void begin_evaluation(TrainerView& trainer, const char* label);

@@ -44,6 +44,8 @@ class LogDirectory {
   std::string version_;
 };
 
+/// Adds `more` to `into` as a Python dict update does: a repeated name keeps its place, takes the new value.
+void merge_hyperparameters(Hyperparameters& into, const Hyperparameters& more);
 /// hparams.yaml as Lightning writes it (one `name: value` per line).
 void write_hparams_yaml(const std::string& path, const Hyperparameters& hparams);
 /// A value as Python prints it in a CSV or YAML file ("0.1", "32", "true"/"True" is the caller's).

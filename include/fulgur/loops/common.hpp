@@ -20,6 +20,7 @@
 #include "fulgur/data/apply.hpp"
 #include "fulgur/data/batch.hpp"
 #include "fulgur/detail/describe.hpp"
+#include "fulgur/detail/loss.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
 #include "fulgur/step_context.hpp"
@@ -84,20 +85,8 @@ void require_batches(Data& data, const BatchAmount& limit, std::string_view what
   throw DataError(text + "; " + std::string(advice));
 }
 
-/// The loss in a step's output: the tensor itself, or its `loss` member; none for other outputs.
-template <class Output>
-at::Tensor loss_of(const Output& output) {
-  if constexpr (std::is_convertible_v<Output, at::Tensor>)
-    return output;
-  else if constexpr (requires { { output.loss } -> std::convertible_to<at::Tensor>; })
-    return output.loss;
-  else
-    return {};
-}
-template <class Output>
-inline constexpr bool has_loss = std::is_convertible_v<Output, at::Tensor> || requires(const Output& o) {
-  { o.loss } -> std::convertible_to<at::Tensor>;
-};
+using detail::has_loss;
+using detail::loss_of;
 
 inline std::string position_text(std::string_view step, std::int64_t epoch, std::int64_t batch_idx,
                                  std::int64_t global_step) {
