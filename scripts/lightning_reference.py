@@ -235,6 +235,13 @@ class MetricsRecorder(pl.Callback):
     def on_train_end(self, trainer, module):
         self.record(trainer, "final")
 
+    # The views are live: a batch hook already sees what this batch's step logged.
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.record(trainer, f"train{trainer.current_epoch}.{batch_idx}")
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.record(trainer, f"val{trainer.current_epoch}.{batch_idx}")
+
 
 def metrics_scenarios():
     lines = []  # 10 samples in batches of 4, 4, 2: epoch means are weighted by the batch size
@@ -242,6 +249,70 @@ def metrics_scenarios():
                enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=1,
                callbacks=[MetricsRecorder(lines)]).fit(Logging(), data(10), data(6))
     return {"logging": lines}
+
+
+class SharedNames(pl.LightningModule):
+    """Training and validation log the same names; test logs its own (the views must follow each)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        self.log("x", 100.0 + batch_idx + 10 * self.current_epoch)
+        self.log("dup", 100.0 + batch_idx)
+        return torch.nn.functional.cross_entropy(self.fc(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("x", -1.0 - batch_idx)
+        self.log("dup", -2.0, on_step=True, on_epoch=False)
+        self.log("vacc", 0.5 + batch_idx)
+
+    def test_step(self, batch, batch_idx):
+        self.log("tacc", 0.25 * (batch_idx + 1))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class BatchViews(MetricsRecorder):
+    """The views at each batch end and evaluation epoch end, as "<stage>:<hook><epoch>.<batch>"."""
+
+    def at(self, trainer, what):
+        self.record(trainer, f"{trainer.state.fn.value}:{what}{trainer.current_epoch}")
+
+    def on_train_epoch_start(self, trainer, module):
+        pass
+
+    def on_train_end(self, trainer, module):
+        pass
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.at(trainer, f"train_batch.{batch_idx}.")
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.at(trainer, f"val_batch.{batch_idx}.")
+
+    def on_validation_epoch_end(self, trainer, module):
+        self.at(trainer, "val_end.")
+
+    def on_test_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.at(trainer, f"test_batch.{batch_idx}.")
+
+    def on_test_epoch_end(self, trainer, module):
+        self.at(trainer, "test_end.")
+
+
+def shared_names_scenario():
+    lines = []  # 4 training batches, validation after every 2 (2 batches), then validate and test
+    trainer = pl.Trainer(max_epochs=2, val_check_interval=2, enable_progress_bar=False, enable_model_summary=False,
+                         logger=False, enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=1,
+                         callbacks=[BatchViews(lines)])
+    module = SharedNames()
+    trainer.fit(module, data(16), data(8))
+    trainer.validate(module, data(8), verbose=False)
+    trainer.test(module, data(8), verbose=False)
+    return lines
 
 
 def csv_scenario(out):
@@ -281,6 +352,7 @@ def main(out_dir):
         (out / f"hooks_{name}.txt").write_text("\n".join(kept) + "\n")
     for name, lines in metrics_scenarios().items():
         (out / f"metrics_{name}.txt").write_text("\n".join(lines) + "\n")
+    (out / "metrics_shared_names.txt").write_text("\n".join(shared_names_scenario()) + "\n")
     csv_scenario(out)
     summary_scenario(out)
     print(f"lightning {pl.__version__}: reference written to {out}")

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -54,34 +55,77 @@ inline c10::ScalarType accumulation_dtype(const c10::Device& device) {
 }
 
 /// Named tensors, updated in place by name (no allocation once a name is known).
+///
+/// A step value is held as one tensor per metric that each new value is written into (no
+/// allocation per step), so a map is current as soon as a value is logged, as Lightning's
+/// callback_metrics are. What a reader gets is therefore a snapshot of its own: a tensor that keeps
+/// the value it had when read.
 class TensorMap {
  public:
   void set(std::string_view name, const at::Tensor& value) {
     for (auto& [key, tensor] : items_)
       if (key == name) {
-        tensor = value;
+        if (!tensor.is_same(value)) tensor = value, ++changes_;
         return;
       }
     items_.emplace_back(std::string(name), value);
+    ++changes_;
   }
-  const at::Tensor* find(std::string_view name) const {
-    for (const auto& [key, tensor] : items_)
-      if (key == name) return &tensor;
-    return nullptr;
+  /// The value now (a tensor that later logging does not change); none if `name` was not logged.
+  std::optional<at::Tensor> find(std::string_view name) const {
+    if (const at::Tensor* live = find_live(name)) return snapshot(*live);
+    return std::nullopt;
   }
+  /// The value on the host (one sync); none if `name` was not logged.
+  std::optional<double> item(std::string_view name) const {
+    if (const at::Tensor* live = find_live(name)) return live->item<double>();
+    return std::nullopt;
+  }
+  bool contains(std::string_view name) const { return find_live(name) != nullptr; }
   bool empty() const { return items_.empty(); }
-  void clear() { items_.clear(); }
+  std::size_t size() const { return items_.size(); }
+  void clear() { items_.clear(), ++changes_; }
+  /// How many times a name was added or given another tensor (a metric knows from it, at the cost
+  /// of one comparison per log, whether the tensor it writes into is still the one shown).
+  std::uint64_t changes() const { return changes_; }
+  /// f(name, value) for each value, in the order first logged (values as find gives them).
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& [key, tensor] : items_) f(key, snapshot(tensor));
+  }
+  /// The names, in the order first logged.
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& item : items_) out.push_back(item.first);
+    return out;
+  }
   /// Every value on the host (one sync per value).
   Metrics to_host() const {
     Metrics out;
     for (const auto& [key, tensor] : items_) out[key] = tensor.template item<double>();
     return out;
   }
-  auto begin() const { return items_.begin(); }
-  auto end() const { return items_.end(); }
+  /// Every value on the host, in the order first logged (what a progress bar shows).
+  std::vector<std::pair<std::string, double>> to_host_in_order() const {
+    std::vector<std::pair<std::string, double>> out;
+    for (const auto& [key, tensor] : items_) out.emplace_back(key, tensor.template item<double>());
+    return out;
+  }
 
  private:
+  const at::Tensor* find_live(std::string_view name) const {
+    for (const auto& [key, tensor] : items_)
+      if (key == name) return &tensor;
+    return nullptr;
+  }
+  /// A copy: logging again writes into the live tensor.
+  static at::Tensor snapshot(const at::Tensor& live) {
+    at::NoGradGuard no_grad;
+    return live.clone();
+  }
+
   std::vector<std::pair<std::string, at::Tensor>> items_;
+  std::uint64_t changes_ = 0;
 };
 
 /// Lightning's trainer.callback_metrics / logged_metrics / progress_bar_metrics.
@@ -92,6 +136,7 @@ struct MetricViews {
     logged.clear();
     progress_bar.clear();
   }
+  std::uint64_t changes() const { return callback.changes() + logged.changes() + progress_bar.changes(); }
 };
 
 /// The values one loop logged (a training epoch, or one evaluation run).
@@ -108,6 +153,8 @@ class MetricCollection {
   void set_batch_size(std::int64_t batch_size) { batch_size_ = batch_size; }
   /// Where values are kept and reduced: the training device (so sync_dist works over NCCL too).
   void set_device(c10::Device device) { device_ = device; }
+  /// The views a step value appears in as soon as it is logged (else at publish_step).
+  void set_views(MetricViews* views) { views_ = views; }
 
   void log(std::string_view name, const at::Tensor& value, const LogOptions& options) {
     if (scope_ == LogScope::none)
@@ -128,10 +175,11 @@ class MetricCollection {
                                   std::to_string(value.numel()) + " elements" : std::string("an undefined tensor")) +
                                   "; reduce it first (.mean(), .sum()).");
     Entry& e = entry(name, on_step, on_epoch, options);
-    const at::Tensor v = placed(value);
     e.fresh = true;
-    if (on_step) e.step_value = v;
+    if (on_step) store_step_value(e, value);
     if (!on_epoch) return;
+    at::NoGradGuard no_grad;  // the epoch value keeps no autograd history (and needs no detached copy)
+    const at::Tensor v = on_step ? e.step_value : placed(value);
     const double weight = static_cast<double>(options.batch_size.value_or(batch_size_));
     if (!e.accumulated.defined()) {
       e.accumulated = at::zeros({}, v.options().dtype(accumulation_dtype(device_)));
@@ -152,7 +200,10 @@ class MetricCollection {
   template <class AllReduce>
   void sync_step_values(AllReduce&& all_reduce) {
     for (auto& e : entries_)
-      if (e.fresh && e.on_step && e.options.sync_dist) e.step_value = all_reduce(e.step_value.clone(), e.options.reduce);
+      if (e.fresh && e.on_step && e.options.sync_dist) {
+        e.step_value = all_reduce(e.step_value.clone(), e.options.reduce);
+        e.published_at = kNever;
+      }
   }
   /// The step values logged (for loggers) since the last publish_step, on the host: what a logger
   /// receives at a log step. Call before publish_step.
@@ -165,11 +216,13 @@ class MetricCollection {
     for (const auto& e : entries_)
       if (e.on_epoch && e.options.logger && e.computed.defined()) out[e.epoch_key] = e.computed.item<double>();
   }
-  /// The step values into the views (after each batch; tensors only, no host sync).
+  /// The step values into the views (after each batch; tensors only, no host sync). A value already
+  /// there is current (it is written in place): only new or displaced tensors are published.
   void publish_step(MetricViews& views) {
     for (auto& e : entries_) {
       if (!e.on_step || !e.step_value.defined()) continue;
-      publish(views, e, e.step_value, /*on_step=*/true);
+      if (&views != views_ || e.published_at != views.changes()) publish(views, e, e.step_value, /*on_step=*/true);
+      if (&views == views_) e.published_at = views.changes();
       e.fresh = false;
     }
   }
@@ -212,11 +265,42 @@ class MetricCollection {
     at::Tensor computed;     // the epoch value, cached until the next update
     bool fresh = false;      // logged since the last publish_step
     std::string step_key, epoch_key;  // name_step / name_epoch when logged both ways, else name
+    std::uint64_t published_at = kNever;  // the views' changes() when step_value was last put there
   };
+  static constexpr std::uint64_t kNever = ~std::uint64_t{0};
+
+  /// The step value, without an allocation per step: the entry holds a tensor of its own (no
+  /// autograd; the views share it, so they are current at once) and each new value is copied into
+  /// it — on the host a memcpy of the number (no dispatcher call, none of the step's memory kept
+  /// alive), on a device an asynchronous copy (no sync). A copy, not an alias: a tensor the module
+  /// changes after logging it (a parameter, a running sum) leaves the logged value alone, as
+  /// Lightning's clone does. A first value, or one of another kind, gets a new tensor.
+  void store_step_value(Entry& e, const at::Tensor& value) {
+    const at::Tensor& held = e.step_value;
+    const bool same_kind = held.defined() && value.dim() == 0 && value.scalar_type() == held.scalar_type() &&
+                           value.device() == held.device() && value.layout() == c10::kStrided &&
+                           !value.is_conj() && !value.is_neg();
+    if (same_kind && held.is_cpu()) {
+      std::memcpy(held.mutable_data_ptr(), value.const_data_ptr(), held.itemsize());
+    } else if (same_kind) {
+      at::NoGradGuard no_grad;
+      held.copy_(value, /*non_blocking=*/true);
+    } else {
+      at::NoGradGuard no_grad;
+      e.step_value = placed(value).clone();
+      e.published_at = kNever;
+    }
+    // Republished when new, or when the views show another tensor under its name (a validation run
+    // logging the same name, say): one comparison per log otherwise.
+    if (views_ != nullptr && e.published_at != views_->changes()) {
+      publish(*views_, e, e.step_value, /*on_step=*/true);
+      e.published_at = views_->changes();
+    }
+  }
 
   /// The value as one floating-point number on the training device (a copy only where needed).
   at::Tensor placed(const at::Tensor& value) const {
-    at::Tensor v = value.detach().reshape({});
+    at::Tensor v = value.dim() == 0 ? value : value.reshape({});  // a reshape costs ~0.8 us even when a no-op
     const c10::ScalarType wide = accumulation_dtype(device_);
     const bool keep_dtype = v.is_floating_point() && !(wide == at::kFloat && v.scalar_type() == at::kDouble);
     if (v.device() != device_ || !keep_dtype) v = v.to(device_, keep_dtype ? v.scalar_type() : wide);
@@ -254,6 +338,7 @@ class MetricCollection {
   LogScope scope_ = LogScope::none;
   std::int64_t batch_size_ = 1;
   c10::Device device_{c10::kCPU};
+  MetricViews* views_ = nullptr;
   std::vector<Entry> entries_;
 };
 

@@ -111,10 +111,11 @@ std::string ProgressBar::metrics_text(TrainerView& trainer, bool progress_bar_on
   std::string text;
   if (!progress_bar_only) {
     for (const char* name : {"train_loss", "val_loss"})
-      if (const at::Tensor* value = trainer.callback_metrics().find(name))
-        text += std::string("  ") + name + " " + fixed4(value->item<double>());
+      if (const std::optional<double> value = trainer.callback_metrics().item(name))
+        text += std::string("  ") + name + " " + fixed4(*value);
   }
-  for (const auto& [name, value] : trainer.progress_bar_metrics()) text += "  " + name + " " + fixed4(value.item<double>());
+  for (const auto& [name, value] : trainer.progress_bar_metrics().to_host_in_order())
+    text += "  " + name + " " + fixed4(value);
   return text;
 }
 

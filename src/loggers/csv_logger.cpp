@@ -2,8 +2,11 @@
 #include "fulgur/detail/files.hpp"
 #include "fulgur/errors.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 
 
@@ -15,6 +18,45 @@ std::string csv_field(const std::string& text) {
   std::string quoted = "\"";
   for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
   return quoted + "\"";
+}
+
+/// The records of a CSV text as csv_field writes them (quoted fields may hold commas, quotes, line breaks).
+std::vector<std::vector<std::string>> csv_records(const std::string& text) {
+  std::vector<std::vector<std::string>> records;
+  std::vector<std::string> record;
+  std::string field;
+  bool quoted = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c != '"') field += c;
+      else if (i + 1 < text.size() && text[i + 1] == '"') field += '"', ++i;
+      else quoted = false;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      record.push_back(std::move(field));
+      field.clear();
+    } else if (c == '\n') {
+      record.push_back(std::move(field));
+      field.clear();
+      records.push_back(std::move(record));
+      record.clear();
+    } else if (c != '\r') {
+      field += c;
+    }
+  }
+  if (!field.empty() || !record.empty()) {
+    record.push_back(std::move(field));
+    records.push_back(std::move(record));
+  }
+  return records;
+}
+
+/// The whole file; empty when it is missing (removed since: its rows are gone).
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 }  // namespace
 
@@ -54,44 +96,89 @@ void CSVLogger::log_hyperparams(const Hyperparameters& hparams) {
 }
 
 void CSVLogger::save() {
-  if (!writer_ || written_ == rows_.size()) return;
+  if (!writer_ || rows_.empty()) return;
   bool new_columns = false;
-  for (std::size_t i = written_; i < rows_.size(); ++i)
-    for (const auto& [name, value] : rows_[i])
+  for (const auto& row : rows_)
+    for (const auto& [name, value] : row)
       if (std::find(columns_.begin(), columns_.end(), name) == columns_.end()) {
         columns_.push_back(name);
         new_columns = true;
       }
   std::sort(columns_.begin(), columns_.end());
-  write_rows(/*rewrite=*/new_columns || written_ == 0);
+  write_rows(/*rewrite=*/new_columns || !started_ || !file_intact());
+  rows_.clear();
+  started_ = true;
+}
+
+bool CSVLogger::file_intact() const {
+  // Removed or replaced since (a user cleaning up mid-run): rewritten with its header, as Lightning
+  // does, rather than appended headerless or into a file no longer in the folder.
+  struct stat on_disk {};
+  if (::stat(metrics_file().c_str(), &on_disk) != 0) return false;
+  struct stat open {};
+  return !appending_ || (::fstat(::fileno(appending_.get()), &open) == 0 && open.st_ino == on_disk.st_ino &&
+                         open.st_dev == on_disk.st_dev);
 }
 
 void CSVLogger::write_rows(bool rewrite) {
-  detail::make_directories(log_dir());
   const std::string path = metrics_file();
-  // A rewrite goes to a new file renamed over the old one: a crash leaves the old or the new file.
-  const std::string target = rewrite ? path + ".tmp" : path;
-  std::ofstream out(target, rewrite ? std::ios::trunc : std::ios::app);
-  if (!out) throw Error("fulgur: CSVLogger cannot write " + target + "; check that it is writable.");
-  if (rewrite) {
-    for (std::size_t c = 0; c < columns_.size(); ++c) out << (c ? "," : "") << csv_field(columns_[c]);
-    out << '\n';
-  }
-  for (std::size_t i = rewrite ? 0 : written_; i < rows_.size(); ++i) {
+  auto append_row = [this](std::string& text, auto&& field_of) {
     for (std::size_t c = 0; c < columns_.size(); ++c) {
-      auto value = rows_[i].find(columns_[c]);
-      out << (c ? "," : "") << (value != rows_[i].end() ? value->second : "");
+      if (c) text += ',';
+      text += field_of(columns_[c]);
     }
-    out << '\n';
+    text += '\n';
+  };
+  std::string text;
+  if (rewrite) {
+    // The header changed: the rows already saved are read back and written under it (Lightning
+    // does the same), into a new file renamed over the old one, so a crash leaves one or the other.
+    appending_.reset();
+    for (std::size_t c = 0; c < columns_.size(); ++c) text += (c ? "," : "") + csv_field(columns_[c]);
+    text += '\n';
+    if (started_) {
+      const std::vector<std::vector<std::string>> saved = csv_records(read_file(path));
+      if (!saved.empty()) {
+        const std::vector<std::string>& header = saved.front();
+        for (std::size_t r = 1; r < saved.size(); ++r)
+          append_row(text, [&](const std::string& column) {
+            const auto at = std::find(header.begin(), header.end(), column);
+            const auto index = static_cast<std::size_t>(at - header.begin());
+            return at != header.end() && index < saved[r].size() ? csv_field(saved[r][index]) : std::string();
+          });
+      }
+    }
   }
-  out.close();
-  if (!out) throw Error("fulgur: CSVLogger could not finish writing " + target + " (disk full?).");
-  if (rewrite) detail::rename_path(target, path);
-  written_ = rows_.size();
+  for (const auto& row : rows_)
+    append_row(text, [&](const std::string& column) {
+      const auto value = row.find(column);
+      return value != row.end() ? value->second : std::string();
+    });
+  if (rewrite) {
+    detail::make_directories(log_dir());
+    const std::string temporary = path + ".tmp";
+    std::ofstream out(temporary, std::ios::trunc);
+    if (!out) throw Error("fulgur: CSVLogger cannot write " + temporary + "; check that it is writable.");
+    out << text;
+    out.close();
+    if (!out) throw Error("fulgur: CSVLogger could not finish writing " + temporary + " (disk full?).");
+    detail::rename_path(temporary, path);
+    return;
+  }
+  // Appending, the file stays open from a run's first save to its end: a save at a log step is one
+  // write, not a directory walk and an open every log_every_n_steps.
+  if (!appending_) {
+    detail::make_directories(log_dir());
+    appending_.reset(std::fopen(path.c_str(), "a"));
+    if (!appending_) throw Error("fulgur: CSVLogger cannot write " + path + "; check that it is writable.");
+  }
+  if (std::fwrite(text.data(), 1, text.size(), appending_.get()) != text.size() || std::fflush(appending_.get()) != 0)
+    throw Error("fulgur: CSVLogger could not finish writing " + path + " (disk full?).");
 }
 
 void CSVLogger::finalize(std::string_view) {
   if (writer_ && directory_.resolved()) save();
+  appending_.reset();  // the run's end: the next run opens the file again
 }
 
 }  // namespace fulgur

@@ -117,3 +117,43 @@ TEST_CASE("predict on CUDA returns CPU tensors in order; validate on a fresh mod
   CHECK(predictions[2].device().is_cpu());
   CHECK(predictions[2].size(0) == 8);
 }
+
+namespace {
+struct LogsParameterImpl : test::ClassifierImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+    ctx.log("w", fc1->weight[0][0]);  // the optimizer changes it in place after this step
+    ctx.log("running", running);
+    running.add_(1.0);  // changed in place right after logging
+    expected_w.push_back(fc1->weight[0][0].item<double>());
+    return ClassifierImpl::training_step(b, i);
+  }
+  at::Tensor running = at::zeros({}, at::TensorOptions().device(at::kCUDA));
+  std::vector<double> expected_w;
+};
+struct Reads {
+  std::vector<double>* w;
+  std::vector<double>* running;
+  template <class Output>
+  void on_train_batch_end(TrainerView& t, torch::nn::Module&, const Output&, const data::Batch&, std::int64_t) {
+    w->push_back(*t.callback_metrics().item("w"));
+    running->push_back(*t.callback_metrics().item("running"));
+  }
+};
+}  // namespace
+
+TEST_CASE("logged step values on CUDA are copies: a tensor changed after logging leaves the log alone", "[cuda]") {
+  // On a device each new value is copied (asynchronously) into the metric's own tensor; an alias
+  // would show the parameter after the optimizer step, or a running sum after its next update.
+  auto model = std::make_shared<LogsParameterImpl>();
+  auto [x, y] = test::classification_data(64);
+  data::TensorLoader data(x, y, {.batch_size = 16});
+  std::vector<double> w, running;
+  Trainer<CUDAAccelerator, SingleDeviceStrategy, FloatPrecision, Reads> trainer(test::quiet({.max_epochs = 1}),
+                                                                               Reads{&w, &running});
+  trainer.fit(model, data);
+  REQUIRE(w.size() == 4);
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    CHECK(w[i] == model->expected_w[i]);               // the weight as logged, not as stepped
+    CHECK(running[i] == static_cast<double>(i));  // the sum as logged
+  }
+}

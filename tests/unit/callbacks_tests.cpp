@@ -390,6 +390,52 @@ TEST_CASE("loggers: quoted CSV names, one directory per logger, validate/test af
   CHECK_THROWS_AS(summarize(*model, -2), MisconfigurationError);
 }
 
+TEST_CASE("CSVLogger: a new column rewrites the saved rows under the new header (read back from the file)",
+          "[loggers]") {
+  // Only unsaved rows are kept in memory; a header change reads the file back, as Lightning does.
+  const std::string root = test::temporary_directory("csv_rewrite");
+  CSVLogger logger;
+  logger.set_up({.root_dir = root});
+  logger.log_metrics({{"q,uoted", 1.5}, {"loss", 0.25}}, 0);
+  logger.save();
+  logger.log_metrics({{"loss", 0.125}}, 1);
+  logger.save();  // same columns: appended
+  logger.log_metrics({{"acc", 0.5}, {"q,uoted", 2.0}}, 2);
+  logger.save();  // a new column: rewritten
+  logger.log_metrics({{"loss", 0.0625}}, 3);
+  logger.finalize("success");
+  std::ifstream csv(logger.metrics_file());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(csv, line);) lines.push_back(line);
+  CHECK(lines == std::vector<std::string>{"acc,loss,\"q,uoted\",step", ",0.25,1.5,0", ",0.125,,1", "0.5,,2,2",
+                                          ",0.0625,,3"});
+}
+
+TEST_CASE("CSVLogger: metrics.csv removed mid-run or between fits is written again with its header",
+          "[loggers]") {
+  // Found by a probe: the open file kept taking rows after the user removed it, and a new file
+  // started without a header. Lightning writes the header again.
+  const std::string root = test::temporary_directory("csv_removed");
+  CSVLogger logger({}, 1);
+  logger.set_up({.root_dir = root});
+  auto lines = [&] {
+    std::ifstream csv(logger.metrics_file());
+    std::vector<std::string> out;
+    for (std::string line; std::getline(csv, line);) out.push_back(line);
+    return out;
+  };
+  logger.log_metrics({{"a", 1.5}}, 0);
+  logger.log_metrics({{"a", 2.5}}, 1);  // appended through the open file
+  std::remove(logger.metrics_file().c_str());
+  logger.log_metrics({{"a", 3.5}}, 2);
+  CHECK(lines() == std::vector<std::string>{"a,step", "3.5,2"});
+  logger.finalize("success");
+  std::remove(logger.metrics_file().c_str());  // between two runs
+  logger.log_metrics({{"a", 4.5}}, 3);
+  logger.finalize("success");
+  CHECK(lines() == std::vector<std::string>{"a,step", "4.5,3"});
+}
+
 // ---- faults -------------------------------------------------------------------------------------------
 
 namespace {

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "unit/support.hpp"
@@ -199,12 +200,34 @@ struct LoggingImpl : torch::nn::Module {
   torch::nn::Linear fc;
 };
 TORCH_MODULE(Logging);
+
+/// What the three views hold at each training and validation batch end (they are live in
+/// Lightning: a batch hook sees what this batch's step logged), as "callback train0.1".
+struct ViewRecorder {
+  std::map<std::string, Metrics>* seen;
+  void record(TrainerView& trainer, const std::string& when) {
+    (*seen)["callback " + when] = trainer.callback_metrics().to_host();
+    (*seen)["logged " + when] = trainer.logged_metrics().to_host();
+    (*seen)["progress_bar " + when] = trainer.progress_bar_metrics().to_host();
+  }
+  template <class Output>
+  void on_train_batch_end(TrainerView& trainer, torch::nn::Module&, const Output&, const data::Batch&, std::int64_t i) {
+    record(trainer, "train" + std::to_string(trainer.current_epoch()) + "." + std::to_string(i));
+  }
+  template <class Output>
+  void on_validation_batch_end(TrainerView& trainer, torch::nn::Module&, const Output&, const data::Batch&,
+                               std::int64_t i) {
+    record(trainer, "val" + std::to_string(trainer.current_epoch()) + "." + std::to_string(i));
+  }
+};
 }  // namespace
 
 TEST_CASE("logged metrics equal Lightning's: names, step/epoch forms, weighted means, sum/max/min, views",
           "[lightning][logging]") {
   Logging model;
-  CpuTrainer trainer(test::quiet({.max_epochs = 2, .num_sanity_val_steps = 0, .log_every_n_steps = 1}));
+  std::map<std::string, Metrics> seen;  // the views at each batch end
+  test::CpuTrainer<FloatPrecision, ViewRecorder> trainer(
+      test::quiet({.max_epochs = 2, .num_sanity_val_steps = 0, .log_every_n_steps = 1}), ViewRecorder{&seen});
   auto train = loader(10);  // batches of 4, 4, 2: epoch means weighted by batch size
   const FitResult result = trainer.fit(model, train, loader(6));
   std::map<std::string, Metrics> expected;  // "callback final" -> metrics
@@ -219,14 +242,20 @@ TEST_CASE("logged metrics equal Lightning's: names, step/epoch forms, weighted m
     m.erase("train_loss");  // fulgur reports the loss the step returned; Lightning logs nothing by itself
     return m;
   };
-  const std::map<std::string, Metrics> actual{
+  std::map<std::string, Metrics> actual{
       {"callback epoch0", without_fulgur_extras(result.epochs.at(0).metrics)},
       {"callback final", without_fulgur_extras(result.metrics)},
       {"logged final", result.logged_metrics},
       {"progress_bar final", result.progress_bar_metrics}};
+  for (auto& [when, metrics] : seen) actual[when] = without_fulgur_extras(metrics);
+  for (const auto& [when, metrics] : expected) {  // every batch end Lightning recorded (an empty view has no lines)
+    INFO(when << " was recorded by Lightning");
+    if (when.find(" train") != std::string::npos || when.find(" val") != std::string::npos) CHECK(actual.count(when) == 1);
+  }
+  const Metrics nothing;
   for (const auto& [view, metrics] : actual) {
     INFO(view);
-    const Metrics& reference = expected.at(view);
+    const Metrics& reference = expected.count(view) == 1 ? expected.at(view) : nothing;
     for (const auto& [name, value] : reference) {
       INFO(name);
       REQUIRE(metrics.count(name) == 1);
@@ -235,6 +264,95 @@ TEST_CASE("logged metrics equal Lightning's: names, step/epoch forms, weighted m
     for (const auto& [name, value] : metrics) {
       INFO(name << " is not in Lightning's " << view);
       CHECK(reference.count(name) == 1);
+    }
+  }
+}
+
+namespace {
+/// Training and validation log the same names, test its own (scripts/lightning_reference.py's SharedNames).
+struct SharedNamesImpl : torch::nn::Module {
+  SharedNamesImpl() : fc(register_module("fc", torch::nn::Linear(4, 2))) {}
+  at::Tensor training_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+    ctx.log("x", 100.0 + static_cast<double>(i) + 10.0 * static_cast<double>(ctx.current_epoch));
+    ctx.log("dup", 100.0 + static_cast<double>(i));
+    return torch::nn::functional::cross_entropy(fc(b.input), b.target);
+  }
+  void validation_step(const data::Batch&, std::int64_t i, StepContext& ctx) {
+    ctx.log("x", -1.0 - static_cast<double>(i));
+    ctx.log("dup", -2.0, {.on_step = true, .on_epoch = false});
+    ctx.log("vacc", 0.5 + static_cast<double>(i));
+  }
+  void test_step(const data::Batch&, std::int64_t i, StepContext& ctx) { ctx.log("tacc", 0.25 * static_cast<double>(i + 1)); }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::SGD>(parameters(), 0.1);
+  }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(SharedNames);
+
+/// The views at each batch end and evaluation epoch end, as "<stage>:<hook>.<batch>.<epoch>".
+struct BatchViews {
+  std::map<std::string, Metrics>* seen;
+  void at(TrainerView& t, const std::string& what) {
+    const std::string when = std::string(to_string(t.stage())) + ":" + what + std::to_string(t.current_epoch());
+    (*seen)["callback " + when] = t.callback_metrics().to_host();
+    (*seen)["logged " + when] = t.logged_metrics().to_host();
+    (*seen)["progress_bar " + when] = t.progress_bar_metrics().to_host();
+  }
+  template <class Output>
+  void on_train_batch_end(TrainerView& t, torch::nn::Module&, const Output&, const data::Batch&, std::int64_t i) {
+    at(t, "train_batch." + std::to_string(i) + ".");
+  }
+  template <class Output>
+  void on_validation_batch_end(TrainerView& t, torch::nn::Module&, const Output&, const data::Batch&, std::int64_t i) {
+    at(t, "val_batch." + std::to_string(i) + ".");
+  }
+  void on_validation_epoch_end(TrainerView& t) { at(t, "val_end."); }
+  template <class Output>
+  void on_test_batch_end(TrainerView& t, torch::nn::Module&, const Output&, const data::Batch&, std::int64_t i) {
+    at(t, "test_batch." + std::to_string(i) + ".");
+  }
+  void on_test_epoch_end(TrainerView& t) { at(t, "test_end."); }
+};
+}  // namespace
+
+TEST_CASE("the metric views follow Lightning's when training, validation and test log the same names",
+          "[lightning][logging]") {
+  // The views are live: after a validation run logged `x` and `dup`, training's next values show
+  // again; validate() and test() have views of their own that callbacks see.
+  std::map<std::string, Metrics> seen;
+  SharedNames model;
+  test::CpuTrainer<FloatPrecision, BatchViews> trainer(
+      test::quiet({.max_epochs = 2, .val_check_interval = 2, .num_sanity_val_steps = 0, .log_every_n_steps = 1}),
+      BatchViews{&seen});
+  trainer.fit(model, loader(16), loader(8));
+  trainer.validate(model, loader(8));
+  trainer.test(model, loader(8));
+  std::map<std::string, Metrics> expected;
+  for (const auto& line : reference_lines("metrics_shared_names.txt")) {
+    std::istringstream fields(line);
+    std::string view, when, name;
+    double value = 0;
+    fields >> view >> when >> name >> value;
+    expected[view + " " + when][name] = value;
+  }
+  const std::set<std::string> fulgur_own{"train_loss", "val_loss", "test_loss"};  // fulgur's, unless logged
+  for (const auto& [when, metrics] : expected) {
+    INFO(when << " was recorded by Lightning");
+    CHECK(seen.count(when) == 1);
+  }
+  const Metrics nothing;
+  for (const auto& [when, metrics] : seen) {
+    INFO(when);
+    const Metrics& reference = expected.count(when) == 1 ? expected.at(when) : nothing;
+    for (const auto& [name, value] : reference) {
+      INFO(name);
+      REQUIRE(metrics.count(name) == 1);
+      CHECK(metrics.at(name) == Approx(value).epsilon(1e-6));
+    }
+    for (const auto& [name, value] : metrics) {
+      INFO(name << " is not in Lightning's " << when);
+      CHECK((reference.count(name) == 1 || fulgur_own.count(name) == 1));
     }
   }
 }

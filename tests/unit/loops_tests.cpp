@@ -400,6 +400,50 @@ TEST_CASE("logging: where a hook may not log, on_step in an epoch hook, two diff
 }
 
 namespace {
+/// Logs its loss and a tensor of its own each step, and keeps what it logged and what it read back.
+struct KeepsLoggedImpl : test::ClassifierImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+    at::Tensor loss = ClassifierImpl::training_step(b, i);
+    ctx.log("loss", loss);
+    at::Tensor mine = at::full({}, static_cast<double>(i), at::kFloat);
+    ctx.log("index", mine);
+    logged.push_back(mine);
+    return loss;
+  }
+  std::vector<at::Tensor> logged;
+};
+TORCH_MODULE(KeepsLogged);
+
+struct ReadsBack {
+  std::vector<at::Tensor>* read;
+  template <class Output>
+  void on_train_batch_end(TrainerView& trainer, torch::nn::Module&, const Output&, const data::Batch&, std::int64_t) {
+    read->push_back(*trainer.callback_metrics().find("index"));
+    const at::Tensor loss = *trainer.callback_metrics().find("loss");
+    CHECK_FALSE(loss.requires_grad());  // no autograd history kept alive by a logged value
+    CHECK(loss.dim() == 0);
+  }
+};
+}  // namespace
+
+TEST_CASE("logging: a step value is re-pointed in place, yet what the user logged or read keeps its value",
+          "[loops][logging]") {
+  // Step values are held without an allocation per step (set_data); a tensor the user logged is
+  // never the one re-pointed, and what find() returns is a snapshot.
+  KeepsLogged model;
+  std::vector<at::Tensor> read;
+  CpuTrainer<FloatPrecision, ReadsBack> trainer(test::quiet({.max_epochs = 2}), ReadsBack{&read});
+  trainer.fit(model, loader(64));
+  REQUIRE(read.size() == model->logged.size());
+  const std::size_t per_epoch = read.size() / 2;
+  for (std::size_t i = 0; i < read.size(); ++i) {
+    INFO("batch " << i);
+    CHECK(model->logged[i].item<double>() == static_cast<double>(i % per_epoch));
+    CHECK(read[i].item<double>() == static_cast<double>(i % per_epoch));  // the value of its own batch
+  }
+}
+
+namespace {
 struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };

@@ -83,13 +83,12 @@ class TrainerView {
   const detail::TensorMap& progress_bar_metrics() const { return views_ != nullptr ? views_->progress_bar : empty_; }
   /// One callback metric on the host; none when nothing of that name was logged.
   std::optional<double> metric(std::string_view name) const {
-    if (const at::Tensor* value = callback_metrics().find(name)) return value->item<double>();
-    return std::nullopt;
+    return callback_metrics().item(name);
   }
   /// The names of the callback metrics, for messages ("`val_loss`, `train_loss`").
   std::string metric_names() const {
     std::string names;
-    for (const auto& [name, value] : callback_metrics()) names += (names.empty() ? "`" : ", `") + name + "`";
+    for (const std::string& name : callback_metrics().names()) names += (names.empty() ? "`" : ", `") + name + "`";
     return names.empty() ? "(none)" : names;
   }
   /// Logs from a callback hook, as the module's ctx.log (Lightning's pl_module.log in a callback).

@@ -1,10 +1,13 @@
 #pragma once
 // CSVLogger: metrics.csv and hparams.yaml under <save_dir>/<name>/version_<n>, as Lightning's
 // CSVLogger writes them: one row per log_metrics call with its `step`, the columns sorted by name
-// (the file is rewritten when a new name appears), written on global rank 0 only. Torch-free.
+// (the file is read back and rewritten when a new name appears), written on global rank 0 only.
+// Only rows not yet saved are kept in memory, so a long run's memory does not grow with its log.
+// Torch-free.
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,13 +42,18 @@ class CSVLogger {
 
  private:
   void write_rows(bool rewrite);
+  bool file_intact() const;  // metrics.csv is still the file this logger writes
+  struct CloseFile {
+    void operator()(std::FILE* file) const { std::fclose(file); }
+  };
 
   loggers::detail::LogDirectory directory_;
   std::int64_t flush_every_;
   bool writer_ = true;  // global rank 0
   std::vector<std::string> columns_;              // sorted
-  std::vector<std::map<std::string, std::string>> rows_;  // every row, for a rewrite with new columns
-  std::size_t written_ = 0;                        // rows already in the file
+  std::vector<std::map<std::string, std::string>> rows_;  // the rows not saved yet
+  bool started_ = false;                           // this logger wrote the file's header
+  std::unique_ptr<std::FILE, CloseFile> appending_;  // metrics.csv, open from a run's first save to its end
   Hyperparameters hparams_;
 };
 

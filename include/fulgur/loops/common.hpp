@@ -186,12 +186,14 @@ auto run_evaluation_stage(Fabric& fabric, Module& module, Data& data, Stage stag
   ctx.current_epoch = fabric.fit_position().epoch;  // after fit, Lightning reports there
   TrainerView view(ctx, fabric.config(), module, fabric.view_ops());
   view.set_logging_step(fabric.fit_position().logging_step);
+  detail::MetricViews views;  // this stage's callback/logged/progress-bar metrics, seen by every hook
+  view.attach_metrics(&views);
   HookCallerOf<Fabric, Module> hook(module, ctx, fabric.callback_set(), view);
   try {
     run_setup_hooks(fabric, hook, stage);
     fabric.setup_module(module, ModuleSetup::evaluation);
     auto&& loader = fabric.setup_dataloader(data);
-    auto result = run(hook, loader);
+    auto result = run(hook, loader, views);
     hook(hooks::teardown, stage);
     fabric.callback_set().finalize_loggers("success");
     return result;

@@ -97,6 +97,7 @@ class EvaluationLoop {
     const ContextState saved{ctx.metrics(), ctx.batch_idx, ctx.sanity_checking};
     metrics_.reset();
     metrics_.set_device(fabric_.device());
+    metrics_.set_views(mode == EvaluationMode::sanity_check ? nullptr : &views_);  // the sanity check publishes nothing
     ctx.attach(&metrics_);
     ctx.sanity_checking = mode == EvaluationMode::sanity_check;
     if constexpr (requires { data_.set_epoch(ctx.current_epoch); })
@@ -189,7 +190,7 @@ class EvaluationLoop {
       }
       if (!std::isfinite(*result.loss)) result.warnings.push_back(non_finite_warning(*result.loss));
     }
-    for (const auto& [name, value] : epoch.logged) result.metrics[name] = value.template item<double>();
+    for (const auto& [name, value] : epoch.logged.to_host()) result.metrics[name] = value;
     if (result.loss && !result.metrics.contains(std::string(Kind::loss_name)))
       result.metrics[std::string(Kind::loss_name)] = *result.loss;
     if constexpr (Fabric::callbacks_type::has_loggers)
@@ -234,10 +235,9 @@ class EvaluationLoop {
 /// Trainer::validate and Trainer::test: one run over the data, as an evaluation stage.
 template <class Kind, class Fabric, class Module, class Data>
 EvaluationResult evaluate(Fabric& fabric, Module& module, Data& data) {
-  return run_evaluation_stage(fabric, module, data, Kind::stage, [&](auto& hook, auto& loader) {
+  return run_evaluation_stage(fabric, module, data, Kind::stage, [&](auto& hook, auto& loader, detail::MetricViews& views) {
     const BatchAmount& limit = fabric.config().*Kind::limit;
     require_batches(loader, limit, Kind::what, std::string("give it samples, or check ") + Kind::limit_name + ".");
-    detail::MetricViews views;
     EvaluationLoop<Kind, Fabric, Module, std::remove_reference_t<decltype(loader)>> loop(fabric, hook, loader, views);
     return loop.run(batch_limit(loader, limit, Kind::limit_name), EvaluationMode::standalone);
   });

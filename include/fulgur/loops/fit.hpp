@@ -148,6 +148,7 @@ class FitLoop {
     view_.attach_stop_reason(&progress_.stop_reason);
     view_.set_max_epochs(max_epochs());
     train_metrics_.set_device(fabric_.device());
+    train_metrics_.set_views(&views_);
     run_setup_hooks(fabric_, hook_, Stage::fit);
     if (module.parameters().empty())
       throw MisconfigurationError("fulgur: the module " + module.name() +

@@ -230,11 +230,11 @@ class Schedulers {
         scheduler.step();
         continue;
       }
-      if (const at::Tensor* value = metrics.find(config.monitor)) {
-        scheduler.step(value->template item<double>());
+      if (const std::optional<double> value = metrics.item(config.monitor)) {
+        scheduler.step(*value);
       } else if (config.strict) {
         std::string available;
-        for (const auto& [name, tensor] : metrics) available += (available.empty() ? "'" : ", '") + name + "'";
+        for (const std::string& name : metrics.names()) available += (available.empty() ? "'" : ", '") + name + "'";
         throw MisconfigurationError("ReduceLROnPlateau conditioned on metric " + config.monitor +
                                     " which is not available. Available metrics are: [" + available +
                                     "]. Condition can be set using `monitor` key in lr scheduler dict");

@@ -78,7 +78,7 @@ class PredictionLoop {
 /// Trainer::predict: one run over the data, as an evaluation stage.
 template <class Fabric, class Module, class Data>
 auto predict(Fabric& fabric, Module& module, Data& data) {
-  return run_evaluation_stage(fabric, module, data, Stage::predict, [&](auto& hook, auto& loader) {
+  return run_evaluation_stage(fabric, module, data, Stage::predict, [&](auto& hook, auto& loader, detail::MetricViews&) {
     PredictionLoop<Fabric, Module, std::remove_reference_t<decltype(loader)>> loop(fabric, hook, loader);
     return loop.run(batch_limit(loader, fabric.config().limit_predict_batches, "limit_predict_batches"));
   });
