@@ -23,6 +23,47 @@ std::vector<std::string> reference_lines(const std::string& name) {
   return lines;
 }
 
+/// What the metric views held, by "<view> <when>" ("callback final", "logged fit:val_end.0").
+using Views = std::map<std::string, Metrics>;
+
+/// The views scripts/lightning_reference.py recorded, one "view when name value" per line (a view
+/// Lightning had empty has no line).
+Views reference_views(const std::string& name) {
+  Views views;
+  for (const auto& line : reference_lines(name)) {
+    std::istringstream fields(line);
+    std::string view, when, metric;
+    double value = 0;
+    fields >> view >> when >> metric >> value;
+    views[view + " " + when][metric] = value;
+  }
+  return views;
+}
+
+void record_views(Views& seen, TrainerView& trainer, const std::string& when) {
+  seen["callback " + when] = trainer.callback_metrics().to_host();
+  seen["logged " + when] = trainer.logged_metrics().to_host();
+  seen["progress_bar " + when] = trainer.progress_bar_metrics().to_host();
+}
+
+/// Every view fulgur recorded holds Lightning's names and values, and no other name but `own`.
+void check_views(const Views& expected, const Views& actual, const std::set<std::string>& own = {}) {
+  const Metrics nothing;
+  for (const auto& [view, metrics] : actual) {
+    INFO(view);
+    const Metrics& reference = expected.count(view) == 1 ? expected.at(view) : nothing;
+    for (const auto& [name, value] : reference) {
+      INFO(name);
+      REQUIRE(metrics.count(name) == 1);
+      CHECK(metrics.at(name) == Approx(value).epsilon(1e-6));
+    }
+    for (const auto& [name, value] : metrics) {
+      INFO(name << " is not in Lightning's " << view);
+      CHECK((reference.count(name) == 1 || own.count(name) == 1));
+    }
+  }
+}
+
 /// Records every hook fulgur calls, by name; does what Lightning's defaults do where a hook has one.
 struct SpyImpl : torch::nn::Module {
   explicit SpyImpl(std::optional<std::pair<std::int64_t, std::int64_t>> stop = {})
@@ -204,12 +245,8 @@ TORCH_MODULE(Logging);
 /// What the three views hold at each training and validation batch end (they are live in
 /// Lightning: a batch hook sees what this batch's step logged), as "callback train0.1".
 struct ViewRecorder {
-  std::map<std::string, Metrics>* seen;
-  void record(TrainerView& trainer, const std::string& when) {
-    (*seen)["callback " + when] = trainer.callback_metrics().to_host();
-    (*seen)["logged " + when] = trainer.logged_metrics().to_host();
-    (*seen)["progress_bar " + when] = trainer.progress_bar_metrics().to_host();
-  }
+  Views* seen;
+  void record(TrainerView& trainer, const std::string& when) { record_views(*seen, trainer, when); }
   template <class Output>
   void on_train_batch_end(TrainerView& trainer, torch::nn::Module&, const Output&, const data::Batch&, std::int64_t i) {
     record(trainer, "train" + std::to_string(trainer.current_epoch()) + "." + std::to_string(i));
@@ -225,24 +262,17 @@ struct ViewRecorder {
 TEST_CASE("logged metrics equal Lightning's: names, step/epoch forms, weighted means, sum/max/min, views",
           "[lightning][logging]") {
   Logging model;
-  std::map<std::string, Metrics> seen;  // the views at each batch end
+  Views seen;  // the views at each batch end
   test::CpuTrainer<FloatPrecision, ViewRecorder> trainer(
       test::quiet({.max_epochs = 2, .num_sanity_val_steps = 0, .log_every_n_steps = 1}), ViewRecorder{&seen});
   auto train = loader(10);  // batches of 4, 4, 2: epoch means weighted by batch size
   const FitResult result = trainer.fit(model, train, loader(6));
-  std::map<std::string, Metrics> expected;  // "callback final" -> metrics
-  for (const auto& line : reference_lines("metrics_logging.txt")) {
-    std::istringstream fields(line);
-    std::string view, when, name;
-    double value = 0;
-    fields >> view >> when >> name >> value;
-    expected[view + " " + when][name] = value;
-  }
+  const Views expected = reference_views("metrics_logging.txt");
   auto without_fulgur_extras = [](Metrics m) {
     m.erase("train_loss");  // fulgur reports the loss the step returned; Lightning logs nothing by itself
     return m;
   };
-  std::map<std::string, Metrics> actual{
+  Views actual{
       {"callback epoch0", without_fulgur_extras(result.epochs.at(0).metrics)},
       {"callback final", without_fulgur_extras(result.metrics)},
       {"logged final", result.logged_metrics},
@@ -252,20 +282,7 @@ TEST_CASE("logged metrics equal Lightning's: names, step/epoch forms, weighted m
     INFO(when << " was recorded by Lightning");
     if (when.find(" train") != std::string::npos || when.find(" val") != std::string::npos) CHECK(actual.count(when) == 1);
   }
-  const Metrics nothing;
-  for (const auto& [view, metrics] : actual) {
-    INFO(view);
-    const Metrics& reference = expected.count(view) == 1 ? expected.at(view) : nothing;
-    for (const auto& [name, value] : reference) {
-      INFO(name);
-      REQUIRE(metrics.count(name) == 1);
-      CHECK(metrics.at(name) == Approx(value).epsilon(1e-6));
-    }
-    for (const auto& [name, value] : metrics) {
-      INFO(name << " is not in Lightning's " << view);
-      CHECK(reference.count(name) == 1);
-    }
-  }
+  check_views(expected, actual);
 }
 
 namespace {
@@ -292,12 +309,9 @@ TORCH_MODULE(SharedNames);
 
 /// The views at each batch end and evaluation epoch end, as "<stage>:<hook>.<batch>.<epoch>".
 struct BatchViews {
-  std::map<std::string, Metrics>* seen;
+  Views* seen;
   void at(TrainerView& t, const std::string& what) {
-    const std::string when = std::string(to_string(t.stage())) + ":" + what + std::to_string(t.current_epoch());
-    (*seen)["callback " + when] = t.callback_metrics().to_host();
-    (*seen)["logged " + when] = t.logged_metrics().to_host();
-    (*seen)["progress_bar " + when] = t.progress_bar_metrics().to_host();
+    record_views(*seen, t, std::string(to_string(t.stage())) + ":" + what + std::to_string(t.current_epoch()));
   }
   template <class Output>
   void on_train_batch_end(TrainerView& t, torch::nn::Module&, const Output&, const data::Batch&, std::int64_t i) {
@@ -320,7 +334,7 @@ TEST_CASE("the metric views follow Lightning's when training, validation and tes
           "[lightning][logging]") {
   // The views are live: after a validation run logged `x` and `dup`, training's next values show
   // again; validate() and test() have views of their own that callbacks see.
-  std::map<std::string, Metrics> seen;
+  Views seen;
   SharedNames model;
   test::CpuTrainer<FloatPrecision, BatchViews> trainer(
       test::quiet({.max_epochs = 2, .val_check_interval = 2, .num_sanity_val_steps = 0, .log_every_n_steps = 1}),
@@ -328,33 +342,12 @@ TEST_CASE("the metric views follow Lightning's when training, validation and tes
   trainer.fit(model, loader(16), loader(8));
   trainer.validate(model, loader(8));
   trainer.test(model, loader(8));
-  std::map<std::string, Metrics> expected;
-  for (const auto& line : reference_lines("metrics_shared_names.txt")) {
-    std::istringstream fields(line);
-    std::string view, when, name;
-    double value = 0;
-    fields >> view >> when >> name >> value;
-    expected[view + " " + when][name] = value;
-  }
-  const std::set<std::string> fulgur_own{"train_loss", "val_loss", "test_loss"};  // fulgur's, unless logged
+  const Views expected = reference_views("metrics_shared_names.txt");
   for (const auto& [when, metrics] : expected) {
     INFO(when << " was recorded by Lightning");
     CHECK(seen.count(when) == 1);
   }
-  const Metrics nothing;
-  for (const auto& [when, metrics] : seen) {
-    INFO(when);
-    const Metrics& reference = expected.count(when) == 1 ? expected.at(when) : nothing;
-    for (const auto& [name, value] : reference) {
-      INFO(name);
-      REQUIRE(metrics.count(name) == 1);
-      CHECK(metrics.at(name) == Approx(value).epsilon(1e-6));
-    }
-    for (const auto& [name, value] : metrics) {
-      INFO(name << " is not in Lightning's " << when);
-      CHECK((reference.count(name) == 1 || fulgur_own.count(name) == 1));
-    }
-  }
+  check_views(expected, seen, {"train_loss", "val_loss", "test_loss"});  // fulgur's own, unless logged
 }
 
 namespace {
