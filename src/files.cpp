@@ -67,4 +67,30 @@ std::string parent_folder(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+std::string newest_file(const std::vector<std::string>& folders, const std::string& prefix, const std::string& suffix) {
+  std::string newest;
+  struct timespec newest_time {};
+  for (const std::string& folder : folders) {
+    DIR* dir = ::opendir(folder.c_str());
+    if (dir == nullptr) continue;
+    while (const dirent* entry = ::readdir(dir)) {
+      const std::string name = entry->d_name;
+      if (name.size() < prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        continue;
+      const std::string path = folder + "/" + name;
+      struct stat info {};
+      if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) continue;
+      const auto& t = info.st_mtim;
+      if (newest.empty() || t.tv_sec > newest_time.tv_sec ||
+          (t.tv_sec == newest_time.tv_sec && t.tv_nsec > newest_time.tv_nsec)) {
+        newest = path;
+        newest_time = t;
+      }
+    }
+    ::closedir(dir);
+  }
+  return newest;
+}
+
 }  // namespace fulgur::detail

@@ -51,4 +51,10 @@ struct DistributedError : Error {
   using Error::Error;
 };
 
+/// A checkpoint that cannot be written or read: the file, what is wrong with it, and what to do.
+/// Nothing already on disk is changed by a failed save or load.
+struct CheckpointError : Error {
+  using Error::Error;
+};
+
 }  // namespace fulgur

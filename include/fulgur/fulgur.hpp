@@ -20,6 +20,7 @@
 #include "fulgur/precision/grad_scaler.hpp"
 
 #include "fulgur/checkpoint/io.hpp"
+#include "fulgur/checkpoint/state.hpp"
 #include "fulgur/device_guards.hpp"
 #include "fulgur/hooks.hpp"
 #include "fulgur/optimization.hpp"
@@ -30,6 +31,7 @@
 #include "fulgur/data/torch_distributed_sampler.hpp"
 #include "fulgur/callbacks/any_callback.hpp"
 #include "fulgur/callbacks/early_stopping.hpp"
+#include "fulgur/callbacks/model_checkpoint.hpp"
 #include "fulgur/callbacks/lambda_callback.hpp"
 #include "fulgur/callbacks/learning_rate_monitor.hpp"
 #include "fulgur/callbacks/model_summary.hpp"

@@ -127,6 +127,9 @@ FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_fit_end, none);
 FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_sanity_check_start, none);
 FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_sanity_check_end, none);
 FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_exception, none);
+// Checkpoints: the module and callbacks may add entries of their own (StateDict&) and read them back.
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_save_checkpoint, none);
+FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_load_checkpoint, none);
 // Training.
 FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_train_start, epoch_only);
 FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(on_train_end, none);

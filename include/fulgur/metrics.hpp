@@ -9,6 +9,7 @@
 // callback metrics (what monitors and FitResult::metrics see), logged metrics (what a logger gets)
 // and progress-bar metrics.
 #include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
 
 #include <cstdint>
 #include <cstring>
@@ -111,6 +112,16 @@ class TensorMap {
     for (const auto& [key, tensor] : items_) out.emplace_back(key, tensor.template item<double>());
     return out;
   }
+  /// name -> a copy of each value, in order (for a checkpoint).
+  c10::impl::GenericDict state() const {
+    c10::impl::GenericDict out(c10::StringType::get(), c10::TensorType::get());
+    for (const auto& [key, tensor] : items_) out.insert(key, snapshot(tensor));
+    return out;
+  }
+  void load_state(const c10::impl::GenericDict& state, c10::Device device) {
+    clear();
+    for (const auto& item : state) set(item.key().toStringRef(), item.value().toTensor().to(device));
+  }
 
  private:
   const at::Tensor* find_live(std::string_view name) const {
@@ -137,6 +148,18 @@ struct MetricViews {
     progress_bar.clear();
   }
   std::uint64_t changes() const { return callback.changes() + logged.changes() + progress_bar.changes(); }
+  c10::impl::GenericDict state() const {
+    c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+    out.insert("callback", callback.state());
+    out.insert("logged", logged.state());
+    out.insert("progress_bar", progress_bar.state());
+    return out;
+  }
+  void load_state(const c10::impl::GenericDict& state, c10::Device device) {
+    callback.load_state(state.at("callback").toGenericDict(), device);
+    logged.load_state(state.at("logged").toGenericDict(), device);
+    progress_bar.load_state(state.at("progress_bar").toGenericDict(), device);
+  }
 };
 
 /// The values one loop logged (a training epoch, or one evaluation run).
@@ -253,9 +276,49 @@ class MetricCollection {
   }
   void reset() { entries_.clear(); }
 
+  /// What was logged so far in this epoch, for a checkpoint taken mid-epoch: each entry's options,
+  /// latest step value and epoch accumulation.
+  c10::impl::GenericList state() const {
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const auto& e : entries_) {
+      c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+      d.insert("hook", e.hook);
+      d.insert("name", e.name);
+      d.insert("on_step", e.on_step);
+      d.insert("on_epoch", e.on_epoch);
+      d.insert("prog_bar", e.options.prog_bar);
+      d.insert("logger", e.options.logger);
+      d.insert("sync_dist", e.options.sync_dist);
+      d.insert("reduce", static_cast<std::int64_t>(e.options.reduce));
+      d.insert("step_value", e.step_value.defined() ? c10::IValue(e.step_value) : c10::IValue());
+      d.insert("accumulated", e.accumulated.defined() ? c10::IValue(e.accumulated) : c10::IValue());
+      d.insert("weight", e.weight);
+      out.push_back(d);
+    }
+    return out;
+  }
+  /// Puts back what state() returned; the step values reach the views.
+  void load_state(const c10::impl::GenericList& entries) {
+    entries_.clear();
+    auto tensor = [&](const c10::IValue& v) { return v.isTensor() ? v.toTensor().to(device_) : at::Tensor(); };
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const auto d = entries.get(i).toGenericDict();
+      LogOptions options{.prog_bar = d.at("prog_bar").toBool(), .logger = d.at("logger").toBool(),
+                         .sync_dist = d.at("sync_dist").toBool(),
+                         .reduce = static_cast<ReduceOp>(d.at("reduce").toInt())};
+      const std::string name = d.at("name").toStringRef();
+      const bool on_step = d.at("on_step").toBool(), on_epoch = d.at("on_epoch").toBool();
+      const bool forked = on_step && on_epoch;
+      entries_.push_back(Entry{d.at("hook").toStringRef(), name, on_step, on_epoch, options,
+                               tensor(d.at("step_value")), tensor(d.at("accumulated")), d.at("weight").toDouble(), {},
+                               on_step, name + (forked ? "_step" : ""), name + (forked ? "_epoch" : "")});
+    }
+    if (views_ != nullptr) publish_step(*views_);
+  }
+
  private:
   struct Entry {
-    std::string_view hook;
+    std::string hook;
     std::string name;
     bool on_step = false, on_epoch = false;
     LogOptions options;
@@ -318,7 +381,7 @@ class MetricCollection {
       return e;
     }
     const bool forked = on_step && on_epoch;
-    entries_.push_back(Entry{hook_, std::string(name), on_step, on_epoch, options, {}, {}, 0.0, {}, false,
+    entries_.push_back(Entry{std::string(hook_), std::string(name), on_step, on_epoch, options, {}, {}, 0.0, {}, false,
                              std::string(name) + (forked ? "_step" : ""), std::string(name) + (forked ? "_epoch" : "")});
     return entries_.back();
   }

@@ -33,7 +33,9 @@
 #include "fulgur/callbacks/progress_bar.hpp"
 #include "fulgur/compatibility.hpp"
 #include "fulgur/concepts/training_module.hpp"
+#include "fulgur/checkpoint/io.hpp"
 #include "fulgur/data/batch.hpp"
+#include "fulgur/detail/files.hpp"
 #include "fulgur/data/tensor_loader.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/loops/evaluation.hpp"
@@ -202,6 +204,13 @@ class Trainer {
       };
       ops.log_dir = [](void* self) { return static_cast<Trainer*>(self)->callbacks_.first_log_dir(); };
     }
+    ops.save_checkpoint = [](void* self, const std::string& path, bool weights_only) {
+      static_cast<Trainer*>(self)->save_checkpoint(path, weights_only);
+    };
+    ops.remove_checkpoint = [](void* self, const std::string& path) {
+      if (auto& fit = static_cast<Trainer*>(self)->fit_checkpointing_) fit->request_removal(path);
+    };
+    ops.broadcast_text = [](void* self, const std::string& text) { return static_cast<Trainer*>(self)->broadcast(text); };
     return ops;
   }
 
@@ -340,6 +349,30 @@ class Trainer {
   /// under TrainerConfig::default_root_dir.
   void save(const std::string& path, const StateDict& state) { strategy_.save_checkpoint(resolve(path), state); }
   StateDict load(const std::string& path) { return strategy_.load_checkpoint(resolve(path)); }
+  /// A path as save and load take it: a relative one under TrainerConfig::default_root_dir.
+  std::string resolve_path(const std::string& path) const { return resolve(path); }
+  /// The states a checkpoint holds, each through its policy.
+  StateDict optimizer_state(torch::optim::Optimizer& optimizer) { return strategy_.get_optimizer_state(optimizer); }
+  void load_optimizer_state(torch::optim::Optimizer& optimizer, const StateDict& state) {
+    checkpoint::load_optimizer_state_dict(optimizer, state);
+  }
+  StateDict precision_state() const { return precision_.state_dict(); }
+  void load_precision_state(const StateDict& state) { precision_.load_state_dict(state); }
+  void load_module_state(torch::nn::Module& module, const StateDict& state, bool strict = true) {
+    strategy_.load_module_state_dict(module, state, strict);
+  }
+
+  /// Lightning's trainer.save_checkpoint: the state of the fit under way (written once the batch or
+  /// epoch under way is over) or of the last fit, which FitOptions::ckpt_path continues exactly.
+  /// Every rank calls it; global rank 0 writes, atomically. weights_only: the module's weights and
+  /// the loop position, without optimizer, scheduler, precision or callback states.
+  void save_checkpoint(const std::string& path, bool weights_only = false) {
+    if (!fit_checkpointing_)
+      throw MisconfigurationError("fulgur: save_checkpoint saves the state of a fit: call it during or after "
+                                  "trainer.fit (for weights alone, use trainer.save(path, "
+                                  "fulgur::checkpoint::module_state_dict(module))).");
+    fit_checkpointing_->request_save(path, weights_only);
+  }
 
   /// Prints one line on global rank 0 only.
   template <class... Args>
@@ -356,13 +389,15 @@ class Trainer {
   /// of batches: fulgur::data::TensorLoader, std::vector<Batch>, a torch::data loader...; a
   /// temporary is fine), validating on `val_data` as val_check_interval says.
   template <class Module, class TrainData>
-  FitResult fit(Module&& module, TrainData&& train_data) {
+  FitResult fit(Module&& module, TrainData&& train_data, FitOptions options = {}) {
     loops::NoData none;
-    return run_fit(detail::referent(module), detail::range_ref(train_data), none);
+    return run_fit(detail::referent(module), detail::range_ref(train_data), none, std::move(options));
   }
   template <class Module, class TrainData, class ValData>
-  FitResult fit(Module&& module, TrainData&& train_data, ValData&& val_data) {
-    return run_fit(detail::referent(module), detail::range_ref(train_data), detail::range_ref(val_data));
+    requires(!std::is_same_v<std::remove_cvref_t<ValData>, FitOptions>)
+  FitResult fit(Module&& module, TrainData&& train_data, ValData&& val_data, FitOptions options = {}) {
+    return run_fit(detail::referent(module), detail::range_ref(train_data), detail::range_ref(val_data),
+                   std::move(options));
   }
   /// validation_step over the data once (a fresh module is set up first, as fit does).
   template <class Module, class Data>
@@ -388,7 +423,7 @@ class Trainer {
 
  private:
   template <class M, class TrainData, class ValData>
-  FitResult run_fit(M& module, TrainData& train_data, ValData& val_data) {
+  FitResult run_fit(M& module, TrainData& train_data, ValData& val_data, FitOptions options) {
     using Module = std::remove_cvref_t<M>;
     using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(train_data))>>;
     constexpr bool trainable = training_module<Module, Batch>;
@@ -410,10 +445,15 @@ class Trainer {
     }();
     static_assert(validates, "fulgur: validation data was given but the module has no validation_step(batch, "
                              "batch_idx); add one, or call fit without validation data.");
-    if constexpr (trainable && validates)
-      return loops::FitLoop<Trainer, Module, TrainData, ValData>(*this, module, train_data, val_data).run();
-    else
+    if constexpr (trainable && validates) {
+      if (options.ckpt_path == "last") options.ckpt_path = last_checkpoint();
+      auto loop = std::make_shared<loops::FitLoop<Trainer, Module, TrainData, ValData>>(*this, module, train_data,
+                                                                                       val_data, std::move(options));
+      fit_checkpointing_ = loop;  // kept after fit: save_checkpoint then writes the final state
+      return loop->run();
+    } else {
       return {};
+    }
   }
 
   template <class Kind, class M, class Data>
@@ -476,6 +516,22 @@ class Trainer {
                                "(FP16MixedPrecision) or '32-true' instead.");
     }
   }
+  /// ckpt_path = "last": the newest last*.ckpt in the checkpoint callbacks' folders and
+  /// default_root_dir/checkpoints; "" (a fresh start, with a warning) when there is none.
+  std::string last_checkpoint() {
+    std::vector<std::string> folders{resolve("checkpoints")};
+    std::apply([&](auto&... item) {
+      ([&] {
+        if constexpr (requires { item.dirpath(); }) folders.push_back(resolve(item.dirpath()));
+      }(), ...);
+    }, callbacks_.items());
+    std::string newest = detail::newest_file(folders, "last", ".ckpt");
+    if (newest.empty() && is_global_zero())
+      std::cerr << "fulgur: ckpt_path = \"last\" is set, but there is no last checkpoint available (looked for "
+                   "last*.ckpt in " << folders.front() << " and the checkpoint callbacks' folders). No checkpoint "
+                   "will be loaded." << std::endl;
+    return newest;
+  }
   std::string resolve(const std::string& path) const {
     if (path.empty() || path.front() == '/' || config_.default_root_dir == ".") return path;
     return config_.default_root_dir + "/" + path;
@@ -488,6 +544,7 @@ class Trainer {
   torch::nn::Module* module_ = nullptr;  // the module of the last setup, for backward(loss)
   callbacks_type callbacks_;
   FitPosition fit_position_{};
+  std::shared_ptr<detail::FitCheckpointing> fit_checkpointing_;  // the fit under way, or the last one
 };
 
 /// A combination the rules refuse: one static_assert names the member a policy lacks, or the broken
@@ -539,6 +596,7 @@ class Trainer<A, S, P, Callbacks...> {
   FULGUR_DETAIL_INERT(world_size)
   FULGUR_DETAIL_INERT(device)
   FULGUR_DETAIL_INERT(save)
+  FULGUR_DETAIL_INERT(save_checkpoint)
   FULGUR_DETAIL_INERT(load)
   FULGUR_DETAIL_INERT(print)
   FULGUR_DETAIL_INERT(accelerator)

@@ -99,4 +99,14 @@ struct ClipGradients {
   bool error_if_nonfinite = true;
 };
 
+/// What one fit call may add to the TrainerConfig (Lightning's fit arguments).
+struct FitOptions {
+  /// A checkpoint to continue from exactly where it was taken (Trainer::save_checkpoint,
+  /// ModelCheckpoint): weights, optimizers, schedulers, loss scale, loop position, callbacks, random
+  /// state. "last": the newest last*.ckpt of the ModelCheckpoint callbacks' folders (or
+  /// default_root_dir/checkpoints), else a warning and a fresh start, as in Lightning. A relative
+  /// path is under default_root_dir.
+  std::string ckpt_path{};
+};
+
 }  // namespace fulgur

@@ -119,3 +119,31 @@ void EarlyStopping::check(TrainerView& trainer) {
 }
 
 }  // namespace fulgur
+
+namespace fulgur {
+
+std::string EarlyStopping::state_key() const {
+  return "EarlyStopping{'monitor': '" + options_.monitor + "', 'mode': '" +
+         (options_.mode == MonitorMode::min ? "min" : "max") + "'}";
+}
+
+StateDict EarlyStopping::state_dict() const {
+  StateDict out;
+  out.insert("wait_count", wait_count_);
+  out.insert("stopped_epoch", stopped_epoch_);
+  out.insert("best_score", at::scalar_tensor(best_score_, at::kDouble));  // Lightning keeps a tensor
+  out.insert("patience", options_.patience);
+  return out;
+}
+
+void EarlyStopping::load_state_dict(const StateDict& state) {
+  for (const char* key : {"wait_count", "stopped_epoch", "best_score"})
+    if (!state.contains(key))
+      throw CheckpointError(std::string("fulgur: the checkpoint's ") + state_key() + " state has no '" + key + "'.");
+  wait_count_ = state.at("wait_count").toInt();
+  stopped_epoch_ = state.at("stopped_epoch").toInt();
+  const c10::IValue best = state.at("best_score");
+  best_score_ = best.isTensor() ? best.toTensor().item<double>() : best.toDouble();
+}
+
+}  // namespace fulgur

@@ -21,8 +21,29 @@ void Timer::start(Phase phase) {
 
 void Timer::end(Phase phase) { times_[index(phase)].end = clock::now(); }
 
-void Timer::on_fit_start(TrainerView&) {
-  for (Times& t : times_) t = Times{};  // a fit is a fresh run
+void Timer::setup(TrainerView&, Stage stage) {
+  if (stage == Stage::fit)
+    for (Times& t : times_) t = Times{};  // a fit is a fresh run (unless a checkpoint's state follows)
+}
+
+namespace {
+constexpr const char* phase_names[] = {"train", "validate", "test", "predict"};
+}
+
+StateDict Timer::state_dict() const {
+  c10::impl::GenericDict elapsed(c10::StringType::get(), c10::FloatType::get());
+  for (std::size_t i = 0; i < 4; ++i) elapsed.insert(phase_names[i], time_elapsed(static_cast<Phase>(i)));
+  StateDict out;
+  out.insert("time_elapsed", elapsed);
+  return out;
+}
+
+void Timer::load_state_dict(const StateDict& state) {
+  if (!state.contains("time_elapsed") || !state.at("time_elapsed").isGenericDict())
+    throw CheckpointError("fulgur: the checkpoint's Timer state has no 'time_elapsed' dictionary.");
+  const auto elapsed = state.at("time_elapsed").toGenericDict();
+  for (std::size_t i = 0; i < 4; ++i)
+    if (elapsed.contains(phase_names[i])) times_[i] = Times{{}, {}, elapsed.at(phase_names[i]).toDouble()};
 }
 
 double Timer::time_elapsed(Phase phase) const {

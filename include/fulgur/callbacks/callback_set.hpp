@@ -3,6 +3,9 @@
 // A hook reaches each callback that defines it with a direct call chosen at compile time; a
 // callback without the hook costs nothing, and a Trainer without callbacks has no code here at all.
 // A std::vector of callbacks (e.g. std::vector<AnyCallback>) is called element by element.
+#include <c10/util/Type.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -19,6 +22,7 @@
 #include "fulgur/loggers/hyperparameters.hpp"
 #include "fulgur/loggers/log_directory.hpp"
 #include "fulgur/results.hpp"
+#include "fulgur/state_dict.hpp"
 
 namespace fulgur {
 
@@ -99,9 +103,55 @@ class CallbackSet {
     return dir;
   }
 
+  // ---- checkpoints ------------------------------------------------------------------------------
+  /// Each callback with state_dict() under its state key (Lightning's checkpoint["callbacks"]).
+  void save_states(StateDict& out) const {
+    std::apply([&](const auto&... item) { (save_state(item, out), ...); }, items_);
+  }
+  /// load_state_dict(state) on each callback the checkpoint holds a state for; returns the
+  /// checkpoint's keys that no callback here claims (callbacks of the run that wrote it, missing now).
+  std::vector<std::string> load_states(const StateDict& states) {
+    std::vector<std::string> claimed;
+    std::apply([&](auto&... item) { (load_state(item, states, claimed), ...); }, items_);
+    std::vector<std::string> unclaimed;
+    for (const auto& entry : states)
+      if (std::find(claimed.begin(), claimed.end(), entry.key().toStringRef()) == claimed.end())
+        unclaimed.push_back(entry.key().toStringRef());
+    return unclaimed;
+  }
+
   std::tuple<Ts...>& items() { return items_; }
 
  private:
+  template <class C>
+  static constexpr bool stateful = requires(C& c, const C& cc, const StateDict& s) {
+    { cc.state_dict() } -> std::convertible_to<StateDict>;
+    c.load_state_dict(s);
+  };
+  template <class C>
+  static std::string state_key_of(const C& item) {
+    if constexpr (requires { item.state_key(); })
+      return std::string(item.state_key());
+    else
+      return c10::demangle(typeid(C).name());
+  }
+  template <class C>
+  static void save_state(const C& item, StateDict& out) {
+    if constexpr (stateful<C>) out.insert(state_key_of(item), item.state_dict().to_ivalue());
+  }
+  template <class C>
+  static void load_state(C& item, const StateDict& states, std::vector<std::string>& claimed) {
+    if constexpr (stateful<C>) {
+      const std::string key = state_key_of(item);
+      if (!states.contains(key)) return;  // a callback added since: it starts afresh, as in Lightning
+      const c10::IValue state = states.at(key);
+      if (!state.isGenericDict())
+        throw CheckpointError("fulgur: the checkpoint's state for callback " + key + " is not a dictionary.");
+      item.load_state_dict(StateDict(state.toGenericDict()));
+      claimed.push_back(key);
+    }
+  }
+
   template <hooks::CallbackGroup group, class C, class Hook, class Module, class... Args>
   static void call_one(C& item, Hook hook, TrainerView& view, Module& module, Args&... args) {
     using Element = typename callback_element<C>::type;

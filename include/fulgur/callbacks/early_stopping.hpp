@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "fulgur/callbacks/trainer_view.hpp"
+#include "fulgur/state_dict.hpp"
 #include "fulgur/stage.hpp"
 
 namespace fulgur {
@@ -46,6 +47,12 @@ class EarlyStopping {
   void setup(TrainerView& trainer, Stage stage);
   void on_train_epoch_end(TrainerView& trainer);
   void on_validation_end(TrainerView& trainer);
+
+  /// Lightning's state_key and state: "EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}" ->
+  /// wait_count, stopped_epoch, best_score, patience (a resumed fit goes on counting).
+  std::string state_key() const;
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& state);
 
   const EarlyStoppingOptions& options() const { return options_; }
   std::int64_t wait_count() const { return wait_count_; }

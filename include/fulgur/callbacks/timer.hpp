@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fulgur/callbacks/trainer_view.hpp"
+#include "fulgur/state_dict.hpp"
 #include "fulgur/stage.hpp"
 
 namespace fulgur {
@@ -36,13 +37,19 @@ class Timer {
   void on_test_end(TrainerView&) { end(Phase::test); }
   void on_predict_start(TrainerView&) { start(Phase::predict); }
   void on_predict_end(TrainerView&) { end(Phase::predict); }
-  void on_fit_start(TrainerView& trainer);
+  void setup(TrainerView& trainer, Stage stage);
   void on_train_batch_end(TrainerView& trainer) {
     if (options_.duration && options_.interval == TimerInterval::step) check(trainer);
   }
   void on_train_epoch_end(TrainerView& trainer) {
     if (options_.duration && options_.interval == TimerInterval::epoch) check(trainer);
   }
+
+  /// Lightning's state: {"time_elapsed": {"train", "validate", "test", "predict"}}; a resumed fit
+  /// counts its training time on from there (the duration covers both runs).
+  std::string state_key() const { return "Timer"; }
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& state);
 
   /// Seconds the phase ran: up to now while it runs, 0 before it started. Validation runs add up.
   double time_elapsed(Phase phase = Phase::train) const;

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fulgur/errors.hpp"
 #include "fulgur/metrics.hpp"
 #include "fulgur/optimization.hpp"
 #include "fulgur/results.hpp"
@@ -32,6 +33,9 @@ struct TrainerViewOps {
   bool (*reduce_boolean_decision)(void* trainer, bool decision, bool all) = nullptr;
   void (*log_metrics)(void* trainer, const Metrics& metrics, std::int64_t step) = nullptr;  ///< every logger
   std::string (*log_dir)(void* trainer) = nullptr;  ///< the first logger's directory
+  void (*save_checkpoint)(void* trainer, const std::string& path, bool weights_only) = nullptr;
+  void (*remove_checkpoint)(void* trainer, const std::string& path) = nullptr;
+  std::string (*broadcast_text)(void* trainer, const std::string& text) = nullptr;  ///< global rank 0's text
   bool has_loggers = false;
 };
 }  // namespace detail
@@ -55,6 +59,8 @@ class TrainerView {
   std::int64_t max_epochs() const { return max_epochs_; }
   /// Training batches per epoch (-1: the loader cannot tell).
   std::int64_t num_training_batches() const { return num_training_batches_; }
+  /// Whether fit validates (validation data with batches to run).
+  bool has_validation() const { return has_validation_; }
   /// Batches of the evaluation run under way (validation inside fit, validate, test, predict; -1: unknown).
   std::int64_t num_evaluation_batches() const { return num_evaluation_batches_; }
   /// The step loggers receive: optimizer steps that ran or were skipped, not counting
@@ -115,12 +121,29 @@ class TrainerView {
   /// The first logger's directory (default_root_dir without loggers).
   std::string log_dir() const { return ops_.log_dir ? ops_.log_dir(ops_.trainer) : config_->default_root_dir; }
 
+  // ---- checkpoints -------------------------------------------------------------------------------
+  /// Lightning's trainer.save_checkpoint: every rank calls it, global rank 0 writes (atomically). In
+  /// a batch or at an epoch's end the file is written once that batch or epoch is over, so that it
+  /// holds a state fit continues from exactly (ckpt_path). A relative path is under default_root_dir.
+  void save_checkpoint(const std::string& path, bool weights_only = false) {
+    if (ops_.save_checkpoint == nullptr)
+      throw MisconfigurationError("fulgur: save_checkpoint needs a fit under way or finished; call it from fit's hooks.");
+    ops_.save_checkpoint(ops_.trainer, path, weights_only);
+  }
+  /// Deletes a checkpoint file (global rank 0), after the saves asked for before it are written.
+  void remove_checkpoint(const std::string& path) {
+    if (ops_.remove_checkpoint != nullptr) ops_.remove_checkpoint(ops_.trainer, path);
+  }
+  /// Global rank 0's text on every rank (a file name all ranks agree on).
+  std::string broadcast(const std::string& text) { return ops_.broadcast_text ? ops_.broadcast_text(ops_.trainer, text) : text; }
+
   // ---- set by the loops ----------------------------------------------------------------------------
   void attach_metrics(const detail::MetricViews* views) { views_ = views; }
   void attach_optimizers(std::span<OptimizerConfig> optimizers) { optimizers_ = optimizers; }
   void attach_stop_reason(std::string* reason) { stop_reason_ = reason; }
   void set_max_epochs(std::int64_t n) { max_epochs_ = n; }
   void set_num_training_batches(std::int64_t n) { num_training_batches_ = n; }
+  void set_has_validation(bool validates) { has_validation_ = validates; }
   void set_num_evaluation_batches(std::int64_t n) { num_evaluation_batches_ = n; }
   void set_logging_step(std::int64_t n) { logging_step_ = n; }
   void set_fit_start(std::chrono::steady_clock::time_point t) { fit_start_ = t; }
@@ -136,6 +159,7 @@ class TrainerView {
   std::string* stop_reason_ = nullptr;
   std::int64_t max_epochs_ = -1;
   std::int64_t num_training_batches_ = -1;
+  bool has_validation_ = false;
   std::int64_t num_evaluation_batches_ = -1;
   std::int64_t logging_step_ = 0;
   std::chrono::steady_clock::time_point fit_start_{};

@@ -20,7 +20,8 @@
   X(on_validation_epoch_start) X(on_validation_epoch_end) X(on_validation_batch_start)                   \
   X(on_validation_batch_end) X(on_test_start) X(on_test_end) X(on_test_epoch_start) X(on_test_epoch_end) \
   X(on_test_batch_start) X(on_test_batch_end) X(on_predict_start) X(on_predict_end)                      \
-  X(on_predict_epoch_start) X(on_predict_epoch_end) X(on_predict_batch_start) X(on_predict_batch_end)
+  X(on_predict_epoch_start) X(on_predict_epoch_end) X(on_predict_batch_start) X(on_predict_batch_end)      \
+  X(on_save_checkpoint) X(on_load_checkpoint)
 
 namespace fulgur {
 namespace detail {

@@ -18,5 +18,7 @@ void remove_tree(const std::string& path);
 bool path_exists(const std::string& path);
 /// "a/b/c" -> "a/b"; "c" -> "."; "/c" -> "/".
 std::string parent_folder(const std::string& path);
+/// The most recently modified regular file named prefix*suffix in any of the folders ("" if none).
+std::string newest_file(const std::vector<std::string>& folders, const std::string& prefix, const std::string& suffix);
 
 }  // namespace fulgur::detail

@@ -16,19 +16,26 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <exception>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
+#include "fulgur/checkpoint/io.hpp"
+#include "fulgur/checkpoint/state.hpp"
 #include "fulgur/concepts/training_module.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
 #include "fulgur/interrupt.hpp"
+#include "fulgur/loops/checkpointing.hpp"
 #include "fulgur/loops/common.hpp"
 #include "fulgur/loops/evaluation.hpp"
 #include "fulgur/loops/optimization.hpp"
@@ -71,7 +78,7 @@ struct processed_loader<Fabric, NoData> {
 };
 
 template <class Fabric, class Module, class TrainData, class ValData>
-class FitLoop {
+class FitLoop final : public detail::FitCheckpointing {
   static constexpr bool has_validation = !std::is_same_v<ValData, NoData>;
   static constexpr bool automatic = detail::automatic_optimization_of<Module>();
   using TrainLoader = decltype(std::declval<Fabric&>().setup_dataloader(std::declval<TrainData&>()));
@@ -84,8 +91,9 @@ class FitLoop {
   using EpochLoop = TrainingEpochLoop<Fabric, Module, std::remove_reference_t<TrainLoader>, Optimization, ValLoop>;
 
  public:
-  FitLoop(Fabric& fabric, Module& module, TrainData& train, ValData& val)
-      : fabric_(fabric),
+  FitLoop(Fabric& fabric, Module& module, TrainData& train, ValData& val, FitOptions options = {})
+      : options_(std::move(options)),
+        fabric_(fabric),
         config_(fabric.config()),
         view_(ctx_, config_, module, fabric.view_ops()),
         hook_(module, ctx_, fabric.callback_set(), view_),
@@ -95,7 +103,9 @@ class FitLoop {
   FitResult run() {
     InterruptHandler interrupt_handler(config_.handle_interrupt);
     try {
+      StateDict resumed = read_checkpoint();  // before any hook: a bad file fails fast
       set_up();
+      if (!resumed.empty()) restore(resumed);
       hook_(hooks::on_fit_start);
       sanity_check();
       stop_if_interrupted("the sanity check");
@@ -123,7 +133,214 @@ class FitLoop {
     return finish();
   }
 
+  // ---- checkpoints -------------------------------------------------------------------------------
+  void request_save(const std::string& path, bool weights_only) override { checkpoints_.save(path, weights_only); }
+  void request_removal(const std::string& path) override { checkpoints_.remove(path); }
+
  private:
+  /// The checkpoint fit resumes from (FitOptions::ckpt_path), read and checked; empty without one.
+  StateDict read_checkpoint() {
+    if (options_.ckpt_path.empty()) return {};
+    const std::string path = options_.ckpt_path;
+    StateDict state = fabric_.load(path);
+    checkpoint::check_format(state, "checkpoint '" + path + "'");
+    const std::string what = "checkpoint '" + path + "'";
+    const StateDict stamp = checkpoint::require_dict(state, "fulgur", what);
+    const std::int64_t world = checkpoint::require_int(stamp, "world_size", what + "'s 'fulgur' entry");
+    if (!state.contains("optimizer_states"))
+      throw CheckpointError("fulgur: " + what + " holds weights only (save_weights_only), so training cannot go "
+                            "on from it; load its 'state_dict' into the module instead (checkpoint::module_weights).");
+    if (world != fabric_.world_size())
+      throw CheckpointError("fulgur: " + what + " was written by " + std::to_string(world) + " processes, this run "
+                            "has " + std::to_string(fabric_.world_size()) + "; each rank's random state and data "
+                            "shard belong to its rank: resume with the same devices x num_nodes.");
+    checkpoint_path_ = path;
+    return state;
+  }
+
+  /// What fit needs to go on exactly from here: Lightning's .ckpt keys, plus each rank's random
+  /// state and, inside an accumulation window, its gradients. Every rank calls it (the per-rank
+  /// parts are gathered); global rank 0 writes.
+  StateDict checkpoint_state(bool weights_only) {
+    Module& module = hook_.module();
+    const StateDict loop = loop_state();
+    StateDict c;
+    c.insert("epoch", loop.at("epoch"));
+    c.insert("global_step", progress_.global_step);
+    c.insert("pytorch-lightning_version", std::string(checkpoint::lightning_layout_version));
+    c.insert("state_dict", checkpoint::module_state_dict(module).to_ivalue());
+    StateDict loops;
+    loops.insert("fit_loop", loop.to_ivalue());
+    c.insert("loops", loops.to_ivalue());
+    if (!weights_only) {
+      StateDict callbacks;
+      fabric_.callback_set().save_states(callbacks);
+      c.insert("callbacks", callbacks.to_ivalue());
+      c10::impl::GenericList optimizer_states(c10::AnyType::get()), schedulers(c10::AnyType::get());
+      for (auto& config : optimizers_) {
+        optimizer_states.push_back(fabric_.optimizer_state(*config.optimizer).to_ivalue());
+        schedulers.push_back(checkpoint::scheduler_state(config.lr_scheduler).to_ivalue());
+      }
+      c.insert("optimizer_states", optimizer_states);
+      c.insert("lr_schedulers", schedulers);
+      if (const StateDict precision = fabric_.precision_state(); !precision.empty())
+        c.insert("MixedPrecision", precision.to_ivalue());  // Lightning's key: the precision plugin's class
+    }
+    if constexpr (requires { module.hparams(); }) c.insert("hyper_parameters", hyperparameters(module.hparams()));
+    StateDict stamp = checkpoint::stamp(Fabric::combination_name(), fabric_.world_size());
+    if (!weights_only) stamp.insert("ranks", rank_states().to_ivalue());
+    c.insert("fulgur", stamp.to_ivalue());
+    hook_(hooks::on_save_checkpoint, c);
+    return c;
+  }
+
+  /// Where the run is: after batch k of epoch e (mid-epoch: what was logged so far goes too), or
+  /// before an epoch. An epoch cut short by a stop keeps its mid-epoch position (frozen then).
+  StateDict loop_state() {
+    if (frozen_loop_) return *frozen_loop_;
+    const bool mid_epoch = progress_.in_epoch && progress_.batches_in_epoch > 0;
+    StateDict s;
+    s.insert("epoch", progress_.epochs_done);
+    s.insert("batch_idx", mid_epoch ? progress_.batches_in_epoch : std::int64_t{0});
+    s.insert("global_step", progress_.global_step);
+    s.insert("total_batch_idx", progress_.total_batch_idx);
+    s.insert("batches_that_stepped", progress_.batches_that_stepped);
+    s.insert("stepped_in_epoch", mid_epoch ? progress_.stepped_in_epoch : std::int64_t{0});
+    s.insert("skipped_in_epoch", mid_epoch ? progress_.skipped_in_epoch : std::int64_t{0});
+    s.insert("skipped_in_a_row", progress_.skipped_in_a_row);
+    s.insert("skipped_total", skipped_total_);
+    s.insert("metrics", mid_epoch ? c10::IValue(train_metrics_.state()) : c10::IValue(c10::impl::GenericList(c10::AnyType::get())));
+    s.insert("views", views_.state());
+    if constexpr (requires { train_.state_dict(); }) s.insert("loader", train_.state_dict().to_ivalue());
+    return s;
+  }
+
+  /// Each rank's random state and pending gradients, one row per rank.
+  StateDict rank_states() {
+    StateDict mine = checkpoint::random_state();
+    const bool accumulating = progress_.in_epoch && progress_.batches_in_epoch % config_.accumulate_grad_batches != 0;
+    StateDict grads;
+    if (accumulating)
+      for (const auto& item : hook_.module().named_parameters())
+        if (item.value().grad().defined()) grads.insert(item.key(), item.value().grad());
+    mine.insert("accumulated_gradients", grads.to_ivalue());
+    c10::impl::GenericList ranks(c10::AnyType::get());
+    if (fabric_.world_size() == 1) {
+      ranks.push_back(mine.to_ivalue());
+    } else {  // through one gathered byte tensor: ranks may hold different things
+      const std::vector<char> bytes = checkpoint::to_bytes(mine);
+      at::Tensor local = at::empty({static_cast<std::int64_t>(bytes.size())}, at::kByte);
+      std::memcpy(local.data_ptr(), bytes.data(), bytes.size());
+      at::Tensor size = at::scalar_tensor(local.numel(), at::kLong).to(fabric_.device());
+      const at::Tensor sizes = fabric_.all_gather(size).cpu();
+      const std::int64_t longest = sizes.max().template item<std::int64_t>();
+      at::Tensor padded = at::zeros({longest}, at::kByte);
+      padded.narrow(0, 0, local.numel()).copy_(local);
+      const at::Tensor all = fabric_.all_gather(padded.to(fabric_.device())).cpu();
+      for (int r = 0; r < fabric_.world_size(); ++r) {
+        const at::Tensor row = all[r].narrow(0, 0, sizes[r].template item<std::int64_t>()).contiguous();
+        const char* data = static_cast<const char*>(row.data_ptr());
+        ranks.push_back(checkpoint::from_bytes(std::vector<char>(data, data + row.numel()), "rank " + std::to_string(r) + "'s state").to_ivalue());
+      }
+    }
+    StateDict out;
+    out.insert("per_rank", ranks);
+    return out;
+  }
+
+  static c10::impl::GenericDict hyperparameters(const Hyperparameters& hparams) {
+    c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& [name, value] : hparams) std::visit([&](const auto& v) { out.insert(name, v); }, value);
+    return out;
+  }
+
+  void write_checkpoint(const std::string& path, bool weights_only) {
+    fabric_.save(path, checkpoint_state(weights_only));
+  }
+  void remove_checkpoint(const std::string& path) {
+    if (fabric_.is_global_zero()) ::unlink(fabric_.resolve_path(path).c_str());
+  }
+
+  /// Everything but the parts that wait for their moment (random state, what this epoch logged).
+  void restore(const StateDict& c) {
+    const std::string what = "checkpoint '" + checkpoint_path_ + "'";
+    Module& module = hook_.module();
+    hook_(hooks::on_load_checkpoint, c);
+    const StateDict callbacks = checkpoint::require_dict(c, "callbacks", what);
+    for (const std::string& key : fabric_.callback_set().load_states(callbacks))
+      warn("fulgur: " + what + " holds the state of callback " + key + ", which this Trainer does not have; add it "
+           "to the Trainer's arguments to restore it (Lightning warns the same).");
+    try {
+      fabric_.load_module_state(module, checkpoint::require_dict(c, "state_dict", what), /*strict=*/true);
+    } catch (const CheckpointError&) {
+      throw;
+    } catch (const Error& e) {
+      throw CheckpointError("fulgur: " + what + " does not fit the module: " + e.what());
+    }
+    const auto optimizer_states = checkpoint::require(c, "optimizer_states", what).toList();
+    const auto schedulers = checkpoint::require(c, "lr_schedulers", what).toList();
+    if (optimizer_states.size() != optimizers_.size())
+      throw CheckpointError("fulgur: " + what + " holds " + std::to_string(optimizer_states.size()) +
+                            " optimizer states, configure_optimizers returned " + std::to_string(optimizers_.size()) +
+                            "; resume with the module's own configure_optimizers.");
+    for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+      try {
+        fabric_.load_optimizer_state(*optimizers_[i].optimizer, StateDict(optimizer_states.get(i).toGenericDict()));
+      } catch (const c10::Error& e) {
+        throw CheckpointError("fulgur: " + what + "'s optimizer state " + std::to_string(i) + " does not fit the "
+                              "optimizer configure_optimizers returned (" + detail::first_line(e.what_without_backtrace()) +
+                              "); resume with the same optimizer type and parameters.");
+      }
+      if (i < schedulers.size())
+        checkpoint::load_scheduler_state(optimizers_[i].lr_scheduler, StateDict(schedulers.get(i).toGenericDict()),
+                                         what + "'s lr_schedulers[" + std::to_string(i) + "]");
+    }
+    if (c.contains("MixedPrecision")) fabric_.load_precision_state(StateDict(c.at("MixedPrecision").toGenericDict()));
+    const StateDict loops = checkpoint::require_dict(c, "loops", what);
+    const StateDict loop = checkpoint::require_dict(loops, "fit_loop", what + "'s loops");
+    auto count = [&](const char* key) { return checkpoint::require_int(loop, key, what + "'s fit_loop"); };
+    progress_.epochs_done = count("epoch");
+    progress_.global_step = count("global_step");
+    progress_.total_batch_idx = count("total_batch_idx");
+    progress_.batches_that_stepped = count("batches_that_stepped");
+    progress_.stepped_in_epoch = count("stepped_in_epoch");
+    progress_.skipped_in_epoch = count("skipped_in_epoch");
+    progress_.skipped_in_a_row = count("skipped_in_a_row");
+    skipped_total_ = count("skipped_total");
+    resume_batch_ = count("batch_idx");
+    ctx_.current_epoch = progress_.epochs_done;
+    ctx_.global_step = progress_.global_step;
+    view_.set_logging_step(progress_.batches_that_stepped);
+    if constexpr (requires { train_.load_state_dict(StateDict{}); }) {
+      if (loop.contains("loader")) {
+        train_.load_state_dict(StateDict(loop.at("loader").toGenericDict()));
+        loader_restored_ = true;
+      }
+    }
+    resume_metrics_ = checkpoint::require(loop, "metrics", what).toList();
+    resume_views_ = checkpoint::require(loop, "views", what).toGenericDict();
+    const auto ranks = checkpoint::require_dict(checkpoint::require_dict(c, "fulgur", what), "ranks", what).at("per_rank").toList();
+    resume_rank_ = StateDict(ranks.get(static_cast<std::size_t>(fabric_.global_rank())).toGenericDict());
+    resuming_ = true;
+  }
+
+  /// Puts back, at the point the checkpoint was taken, what the hooks before it must not see
+  /// changed: the views and this epoch's logged values, the pending gradients, the random state.
+  void restore_views() { views_.load_state(resume_views_, fabric_.device()); }
+  void restore_epoch_position() {
+    train_metrics_.load_state(resume_metrics_);
+    const StateDict grads(resume_rank_.at("accumulated_gradients").toGenericDict());
+    if (!grads.empty()) {
+      at::NoGradGuard no_grad;
+      for (const auto& item : hook_.module().named_parameters())
+        if (grads.contains(item.key())) {
+          at::Tensor saved = grads.at(item.key()).toTensor().to(item.value().device());
+          item.value().mutable_grad() = saved;
+        }
+    }
+  }
+  void restore_random_state() { checkpoint::set_random_state(resume_rank_, "checkpoint '" + checkpoint_path_ + "'"); }
+
   /// Ctrl-C outside the training batches (which check it themselves): the same graceful stop.
   void stop_if_interrupted(const char* where) {
     bool interrupted = detail::interrupt_requested();
@@ -169,6 +386,7 @@ class FitLoop {
     view_.attach_optimizers(optimizers_);
     plan_batches();
     view_.set_num_training_batches(max_batches_ >= 0 ? max_batches_ : -1);
+    view_.set_has_validation(schedule_.enabled);
     if constexpr (Fabric::callbacks_type::has_loggers && requires { module.hparams(); })
       fabric_.callback_set().log_hyperparams(module.hparams());  // Lightning's _log_hyperparams
     if (!module.is_training())
@@ -281,18 +499,33 @@ class FitLoop {
       else return nullptr;
     }();
     EpochLoop epoch_loop({fabric_, hook_, train_, *optimization_, schedulers_, progress_, train_metrics_, views_,
-                          warnings_, validation},
+                          warnings_, validation, checkpoints_},
                          max_batches_, schedule_);
     const auto start = std::chrono::steady_clock::now();
     view_.set_fit_start(start);
+    if (resuming_) restore_views();
     while (!done()) {
       EpochSummary summary;
       summary.epoch = ctx_.current_epoch = progress_.epochs_done;
-      progress_.stepped_in_epoch = progress_.skipped_in_epoch = 0;
+      const std::int64_t first_batch = std::exchange(resume_batch_, 0);
+      const bool resumed = std::exchange(resuming_, false);
+      if (first_batch == 0) progress_.stepped_in_epoch = progress_.skipped_in_epoch = 0;
+      if (resumed && first_batch == 0) restore_random_state();  // before the epoch, as when it was taken
+      progress_.in_epoch = true;
+      progress_.batches_in_epoch = first_batch;
+      checkpoints_.set_busy(true);
       if constexpr (requires { train_.set_epoch(summary.epoch); }) train_.set_epoch(summary.epoch);
       hook_(hooks::on_train_epoch_start);
-      const bool completed = epoch_loop.run(summary, start);
+      if (resumed && first_batch > 0) {  // mid-epoch: as the batch after it found things
+        restore_epoch_position();
+        restore_random_state();
+      }
+      const bool completed = epoch_loop.run(summary, start, first_batch, !loader_restored_);
+      if (!completed && !frozen_loop_) frozen_loop_ = loop_state();  // cut short: resume inside this epoch
       finish_epoch(summary, completed);
+      progress_.in_epoch = false;
+      checkpoints_.set_busy(false);
+      checkpoints_.flush();
     }
   }
 
@@ -345,6 +578,7 @@ class FitLoop {
     return std::move(result_);
   }
 
+  FitOptions options_;
   Fabric& fabric_;
   const TrainerConfig& config_;
   StepContext ctx_;
@@ -364,6 +598,16 @@ class FitLoop {
   std::int64_t skipped_total_ = 0;
   std::vector<std::string> warnings_;
   FitResult result_;
+  // Checkpoints: saves wait for the batch or epoch under way; a resume puts its parts back in order.
+  detail::CheckpointQueue checkpoints_{[this](const std::string& path, bool weights_only) { write_checkpoint(path, weights_only); },
+                                       [this](const std::string& path) { remove_checkpoint(path); }};
+  std::optional<StateDict> frozen_loop_;
+  std::string checkpoint_path_;
+  bool resuming_ = false, loader_restored_ = false;
+  std::int64_t resume_batch_ = 0;
+  c10::impl::GenericList resume_metrics_{c10::AnyType::get()};
+  c10::impl::GenericDict resume_views_{c10::StringType::get(), c10::AnyType::get()};
+  StateDict resume_rank_;
 };
 
 }  // namespace fulgur::loops

@@ -41,6 +41,8 @@ struct FitProgress {
   std::int64_t stepped_in_epoch = 0;      ///< optimizer steps that really ran this epoch
   std::int64_t skipped_in_epoch = 0;
   std::int64_t skipped_in_a_row = 0;
+  std::int64_t batches_in_epoch = 0;      ///< batches of the current epoch that are done
+  bool in_epoch = false;                  ///< between an epoch's first batch and its end
   std::string stop_reason{};
 };
 

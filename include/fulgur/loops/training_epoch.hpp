@@ -26,6 +26,7 @@
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
 #include "fulgur/interrupt.hpp"
+#include "fulgur/loops/checkpointing.hpp"
 #include "fulgur/loops/common.hpp"
 #include "fulgur/loops/evaluation.hpp"
 #include "fulgur/loops/optimization.hpp"
@@ -56,6 +57,7 @@ class TrainingEpochLoop {
     detail::MetricViews& views;
     std::vector<std::string>& warnings;
     ValLoop* validation;  // null without validation data
+    detail::CheckpointQueue& checkpoints;
   };
 
   TrainingEpochLoop(Parts parts, std::int64_t max_batches, ValidationSchedule schedule)
@@ -63,17 +65,25 @@ class TrainingEpochLoop {
 
   /// One epoch; fills the summary's train_loss and val_loss. Returns whether the epoch reached its
   /// end (its last batch, or on_train_batch_start's -1), also when the run stops there.
-  bool run(EpochSummary& summary, std::chrono::steady_clock::time_point fit_start) {
+  /// first_batch: where a resumed epoch goes on (the batches before it are passed over unread;
+  /// skip = false when the loader restored its own position).
+  bool run(EpochSummary& summary, std::chrono::steady_clock::time_point fit_start, std::int64_t first_batch = 0,
+           bool skip = true) {
     fit_start_ = fit_start;
     summary_ = &summary;
     auto it = std::begin(p_.data);
     auto end = std::end(p_.data);
+    for (std::int64_t i = 0; skip && i < first_batch; ++i, ++it)
+      if (it == end)
+        throw CheckpointError("fulgur: the checkpoint continues epoch " + std::to_string(summary.epoch) + " at batch " +
+                              std::to_string(first_batch) + ", but the training data has only " + std::to_string(i) +
+                              " batches in it; resume with the data (and batch size) the checkpoint was trained on.");
     std::optional<batch_of_t<TrainData>> current;
-    if (max_batches_ != 0 && it != end) {
+    if (max_batches_ != 0 && it != end && (max_batches_ < 0 || first_batch < max_batches_)) {
       current.emplace(*it);
       ++it;
     }
-    std::int64_t batch_idx = 0;
+    std::int64_t batch_idx = first_batch;
     bool reached_end = false;
     while (current) {  // one batch of look-ahead tells the epoch's last batch (accumulation flushes there)
       const bool is_last = it == end || (max_batches_ >= 0 && batch_idx + 1 >= max_batches_);
@@ -83,7 +93,7 @@ class TrainingEpochLoop {
       current.emplace(*it);
       ++it;
     }
-    if (batch_idx == 0) {
+    if (batch_idx == 0 || (batch_idx == first_batch && first_batch > 0)) {
       std::string what = "fulgur: the training data yielded no batches in epoch " + std::to_string(summary.epoch);
       if constexpr (requires { p_.data.describe(); }) what += " (" + p_.data.describe() + ")";
       throw DataError(what + "; give it samples (with drop_last, at least batch_size of them), or check "
@@ -130,7 +140,12 @@ class TrainingEpochLoop {
     check_interrupt(is_last);  // after the step and its validation: a Ctrl-C in either stops here
     if (outcome.step_ran) p_.schedulers.after_step(batch_idx, p_.views.callback, /*plateau=*/true);
     if (outcome.stepped) p_.hook.view()->set_logging_step(++p_.progress.batches_that_stepped);
-    return stop ? BatchEnd::stop_run : is_last ? BatchEnd::end_of_epoch : BatchEnd::go_on;
+    p_.progress.batches_in_epoch = batch_idx + 1;
+    const BatchEnd ended = stop ? BatchEnd::stop_run : is_last ? BatchEnd::end_of_epoch : BatchEnd::go_on;
+    // Saves asked for in this batch are written now that it is over; at an epoch's end (or a
+    // stop), once the epoch is (fit.hpp).
+    if (ended == BatchEnd::go_on && p_.checkpoints.pending()) p_.checkpoints.flush();
+    return ended;
   }
 
   /// At Lightning's log steps (every log_every_n_steps optimizer steps, and when stopping), the

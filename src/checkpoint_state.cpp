@@ -1,0 +1,174 @@
+// Random generators, LR schedulers and the format stamp of a trainer checkpoint.
+#include "fulgur/checkpoint/state.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/version.h>
+
+#include "fulgur/errors.hpp"
+
+namespace fulgur::checkpoint {
+
+namespace {
+
+// LibTorch keeps its schedulers' counters protected or private and offers no state_dict. An
+// explicit instantiation may name a private member (access is not checked there), which gives a
+// pointer to it without touching LibTorch's headers.
+template <class Tag, typename Tag::type Member>
+struct expose {
+  friend typename Tag::type member(Tag) { return Member; }
+};
+using Plateau = torch::optim::ReduceLROnPlateauScheduler;
+struct step_count_tag {
+  using type = unsigned torch::optim::LRScheduler::*;
+  friend type member(step_count_tag);
+};
+struct best_tag {
+  using type = float Plateau::*;
+  friend type member(best_tag);
+};
+struct bad_epochs_tag {
+  using type = int Plateau::*;
+  friend type member(bad_epochs_tag);
+};
+struct cooldown_counter_tag {
+  using type = int Plateau::*;
+  friend type member(cooldown_counter_tag);
+};
+struct last_epoch_tag {
+  using type = int Plateau::*;
+  friend type member(last_epoch_tag);
+};
+template struct expose<step_count_tag, &torch::optim::LRScheduler::step_count_>;
+template struct expose<best_tag, &Plateau::best>;
+template struct expose<bad_epochs_tag, &Plateau::num_bad_epochs>;
+template struct expose<cooldown_counter_tag, &Plateau::cooldown_counter>;
+template struct expose<last_epoch_tag, &Plateau::last_epoch>;
+
+int cuda_devices() {
+  const auto& hooks = at::detail::getCUDAHooks();
+  return hooks.hasCUDA() ? hooks.deviceCount() : 0;
+}
+
+}  // namespace
+
+c10::IValue require(const StateDict& state, const std::string& key, const std::string& what) {
+  if (!state.contains(key))
+    throw CheckpointError("fulgur: " + what + " has no '" + key + "' entry; it was not written by this kind of "
+                          "fulgur checkpoint (or was cut short). Pass a checkpoint written by Trainer::save_checkpoint.");
+  return state.at(key);
+}
+
+StateDict require_dict(const StateDict& state, const std::string& key, const std::string& what) {
+  const c10::IValue value = require(state, key, what);
+  if (!value.isGenericDict())
+    throw CheckpointError("fulgur: " + what + "'s '" + key + "' entry is a " + value.tagKind() + ", not a dictionary.");
+  return StateDict(value.toGenericDict());
+}
+
+std::int64_t require_int(const StateDict& state, const std::string& key, const std::string& what) {
+  const c10::IValue value = require(state, key, what);
+  if (!value.isInt())
+    throw CheckpointError("fulgur: " + what + "'s '" + key + "' entry is a " + value.tagKind() + ", not an integer.");
+  return value.toInt();
+}
+
+StateDict random_state() {
+  StateDict out;
+  out.insert("cpu", at::detail::getDefaultCPUGenerator().get_state());
+  c10::impl::GenericList cuda(c10::TensorType::get());
+  for (int i = 0, n = cuda_devices(); i < n; ++i)
+    cuda.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))).get_state());
+  out.insert("cuda", cuda);
+  return out;
+}
+
+void set_random_state(const StateDict& state, const std::string& what) {
+  const c10::IValue cpu = require(state, "cpu", what + "'s random state");
+  try {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(cpu.toTensor());
+    if (!state.contains("cuda")) return;
+    const auto cuda = state.at("cuda").toList();
+    const int here = cuda_devices();
+    for (std::size_t i = 0; i < cuda.size() && static_cast<int>(i) < here; ++i) {
+      at::Generator device_generator =
+          at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      device_generator.set_state(cuda.get(i).toTensor());
+    }
+  } catch (const c10::Error& e) {
+    throw CheckpointError("fulgur: " + what + "'s random state cannot be restored (" +
+                          std::string(e.what_without_backtrace()).substr(0, 200) + ").");
+  }
+}
+
+StateDict scheduler_state(const AnyLRScheduler& scheduler) {
+  StateDict out;
+  if (auto* s = scheduler.stepwise()) {
+    const unsigned count = s->*member(step_count_tag{});
+    out.insert("_step_count", static_cast<std::int64_t>(count));
+    out.insert("last_epoch", static_cast<std::int64_t>(count) - 1);  // PyTorch's: steps taken, its constructor's included
+  } else if (auto* p = scheduler.plateau()) {
+    out.insert("best", static_cast<double>(p->*member(best_tag{})));
+    out.insert("num_bad_epochs", static_cast<std::int64_t>(p->*member(bad_epochs_tag{})));
+    out.insert("cooldown_counter", static_cast<std::int64_t>(p->*member(cooldown_counter_tag{})));
+    out.insert("last_epoch", static_cast<std::int64_t>(p->*member(last_epoch_tag{})));
+  }
+  return out;
+}
+
+void load_scheduler_state(AnyLRScheduler& scheduler, const StateDict& state, const std::string& what) {
+  if (auto* s = scheduler.stepwise()) {
+    s->*member(step_count_tag{}) = static_cast<unsigned>(require_int(state, "_step_count", what));
+  } else if (auto* p = scheduler.plateau()) {
+    const c10::IValue best = require(state, "best", what);
+    if (!best.isDouble()) throw CheckpointError("fulgur: " + what + "'s 'best' is not a number.");
+    p->*member(best_tag{}) = static_cast<float>(best.toDouble());
+    p->*member(bad_epochs_tag{}) = static_cast<int>(require_int(state, "num_bad_epochs", what));
+    p->*member(cooldown_counter_tag{}) = static_cast<int>(require_int(state, "cooldown_counter", what));
+    p->*member(last_epoch_tag{}) = static_cast<int>(require_int(state, "last_epoch", what));
+  }
+}
+
+StateDict module_weights(const StateDict& checkpoint, const std::string& prefix) {
+  StateDict weights = checkpoint.contains("state_dict") && checkpoint.at("state_dict").isGenericDict()
+                          ? StateDict(checkpoint.at("state_dict").toGenericDict())
+                          : checkpoint;
+  if (prefix.empty()) return weights;
+  StateDict out;
+  for (const auto& item : weights) {
+    const std::string& key = item.key().toStringRef();
+    out.insert(key.starts_with(prefix) ? key.substr(prefix.size()) : key, item.value());
+  }
+  return out;
+}
+
+StateDict stamp(const std::string& combination, int world_size) {
+  StateDict out;
+  out.insert("format_version", format_version);
+  out.insert("fulgur_version", std::string(fulgur_version));
+  out.insert("torch_version", std::string(TORCH_VERSION));
+  out.insert("combination", combination);
+  out.insert("world_size", static_cast<std::int64_t>(world_size));
+  return out;
+}
+
+void check_format(const StateDict& checkpoint, const std::string& what) {
+  if (!checkpoint.contains("fulgur") || !checkpoint.at("fulgur").isGenericDict()) {
+    const bool lightning = checkpoint.contains("pytorch-lightning_version");
+    throw CheckpointError("fulgur: " + what + " is not a fulgur training checkpoint" +
+                          (lightning ? " (it was written by Lightning)" : "") +
+                          ", so training cannot resume from it. To take its weights only, load them with "
+                          "fulgur::checkpoint::load_module_state_dict(module, fulgur::checkpoint::module_weights(checkpoint" +
+                          (lightning ? ", \"model.\"" : "") + ")) before fit.");
+  }
+  const StateDict stamp(checkpoint.at("fulgur").toGenericDict());
+  const std::int64_t version = require_int(stamp, "format_version", what + "'s 'fulgur' entry");
+  if (version > format_version)
+    throw CheckpointError("fulgur: " + what + " has checkpoint format " + std::to_string(version) +
+                          ", newer than this fulgur reads (" + std::to_string(format_version) +
+                          "); it was written by a newer fulgur: upgrade fulgur to resume from it.");
+}
+
+}  // namespace fulgur::checkpoint

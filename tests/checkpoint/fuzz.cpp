@@ -1,0 +1,554 @@
+// A seeded mutation fuzzer for fulgur::checkpoint::from_bytes: every input must either load or throw
+// fulgur::CheckpointError — no crash, no abort, no other exception, no allocation failure inside
+// LibTorch (fulgur's checks must refuse a forged size before LibTorch allocates it).
+//
+//   fulgur_checkpoint_fuzz <seconds> <seed> [extra seed files...]
+//   fulgur_checkpoint_fuzz --replay <file>...
+//
+// Inputs are valid checkpoints mutated at random (bit flips, byte and integer overwrites, truncation,
+// chunks duplicated, removed or inserted), mutated where it matters (zip local headers, central
+// directory and end records; the pickle's opcodes and their integer arguments, re-zipped so that the
+// unpickler sees them), and hostile pickles (deep nesting, containers that hold themselves, forged
+// memo indices and string lengths). Input n of seed s is the same on every run. Batches run in a
+// forked child: a crash is counted, its input written to checkpoint-fuzz-<seed>-<n>.bin (in
+// $FULGUR_FUZZ_ARTIFACTS or the current folder), and the run goes on; the exit code is 1 if any
+// input crashed, hung or threw anything but CheckpointError.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <caffe2/serialize/inline_container.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "fulgur/checkpoint/io.hpp"
+#include "fulgur/errors.hpp"
+#include "fulgur/state_dict.hpp"
+
+namespace {
+
+using Bytes = std::vector<char>;
+
+// ---- seeds ---------------------------------------------------------------------------------------
+
+c10::impl::GenericDict dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+/// Nested dicts, a list, a tuple, tensors of eight dtypes (a scalar, an empty one, one stored twice), numbers, strings.
+fulgur::StateDict rich_state() {
+  auto deeper = dict();
+  deeper.insert("int8", at::arange(-3, 3, at::kChar));
+  deeper.insert("note", std::string("deep"));
+  auto model = dict();
+  const at::Tensor weight = at::arange(24, at::kFloat).reshape({4, 6});
+  model.insert("weight", weight);
+  model.insert("bias", at::linspace(-1, 1, 6, at::kDouble));
+  model.insert("steps", at::arange(5, at::kLong));
+  model.insert("mask", at::arange(7) % 2 == 0);
+  model.insert("half", at::ones({3}, at::kHalf));
+  model.insert("bf16", at::full({2, 2}, 0.5, at::kBFloat16));
+  model.insert("bytes", at::arange(9, at::kByte));
+  model.insert("int32", at::arange(4, at::kInt));
+  model.insert("scalar", at::scalar_tensor(3.5));
+  model.insert("empty", at::empty({0, 3}));
+  model.insert("deeper", deeper);
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.push_back(int64_t{1});
+  list.push_back(2.5);
+  list.push_back(std::string("three"));
+  list.push_back(at::arange(4, at::kInt));
+  fulgur::StateDict state;
+  state.insert("model", model);
+  state.insert("list", list);
+  state.insert("pair", c10::ivalue::Tuple::create({c10::IValue(int64_t{3}), c10::IValue(std::string("x"))}));
+  state.insert("same_weight", weight);
+  state.insert("epoch", int64_t{7});
+  state.insert("big", int64_t{1} << 40);
+  state.insert("lr", 1e-3);
+  state.insert("name", std::string("fuzz"));
+  state.insert("flag", true);
+  state.insert("nothing", c10::IValue());
+  return state;
+}
+
+struct Field {
+  std::size_t at;
+  int width;
+};
+
+/// A valid checkpoint and where its parts are: the zip's header fields, the pickle, its opcodes.
+struct Seed {
+  Bytes bytes;
+  std::vector<Field> zip_fields;
+  std::vector<std::pair<std::string, Bytes>> records;  // name inside the archive folder, bytes
+  std::string pickle;
+  std::vector<std::size_t> ops;  // offsets of the pickle's opcodes
+  std::size_t pickle_at = 0;     // offset of the pickle in `bytes`
+  std::vector<std::size_t> pickle_crcs;
+};
+
+std::uint64_t le(const Bytes& b, std::size_t at, int width) {
+  std::uint64_t v = 0;
+  for (int i = width - 1; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(b.at(at + i));
+  return v;
+}
+void put_le(Bytes& b, std::size_t at, int width, std::uint64_t v) {
+  for (int i = 0; i < width && at + i < b.size(); ++i) b[at + i] = static_cast<char>(v >> (8 * i));
+}
+
+/// The length of the opcode at `at` with its arguments (a valid pickle).
+std::size_t op_length(const std::string& p, std::size_t at) {
+  const auto u = [&](std::size_t i) { return static_cast<std::uint64_t>(static_cast<unsigned char>(p.at(i))); };
+  switch (static_cast<unsigned char>(p[at])) {
+    case 0x80: case 'K': case 'h': case 'q': return 2;
+    case 'M': return 3;
+    case 'J': case 'j': case 'r': return 5;
+    case 'G': return 9;
+    case 0x8a: return 2 + u(at + 1);
+    case 'X': return 5 + (u(at + 1) | u(at + 2) << 8 | u(at + 3) << 16 | u(at + 4) << 24);
+    case 'c': {
+      const std::size_t first = p.find('\n', at);
+      return p.find('\n', first + 1) + 1 - at;
+    }
+    default: return 1;
+  }
+}
+
+Seed make_seed(Bytes bytes) {
+  Seed s;
+  s.bytes = std::move(bytes);
+  const Bytes& b = s.bytes;
+  std::size_t eocd = b.size() - 22;
+  while (le(b, eocd, 4) != 0x06054b50) --eocd;
+  s.zip_fields = {{eocd + 8, 2}, {eocd + 10, 2}, {eocd + 12, 4}, {eocd + 16, 4}, {eocd + 20, 2}};
+  std::uint64_t entries = le(b, eocd + 10, 2), directory = le(b, eocd + 16, 4);
+  if (le(b, eocd - 20, 4) == 0x07064b50) {
+    const std::size_t z = le(b, eocd - 20 + 8, 8);
+    for (Field f : {Field{eocd - 20 + 8, 8}, Field{eocd - 20 + 16, 4}, Field{z + 4, 8}, Field{z + 16, 4}, Field{z + 24, 8},
+                    Field{z + 32, 8}, Field{z + 40, 8}, Field{z + 48, 8}})
+      s.zip_fields.push_back(f);
+    entries = le(b, z + 32, 8), directory = le(b, z + 48, 8);
+  }
+  std::size_t p = directory;
+  for (std::uint64_t i = 0; i < entries; ++i) {
+    const std::size_t name_size = le(b, p + 28, 2), extra = le(b, p + 30, 2), comment = le(b, p + 32, 2);
+    const std::size_t header = le(b, p + 42, 4);
+    for (Field f : {Field{p + 8, 2}, Field{p + 10, 2}, Field{p + 16, 4}, Field{p + 20, 4}, Field{p + 24, 4}, Field{p + 28, 2},
+                    Field{p + 30, 2}, Field{p + 32, 2}, Field{p + 34, 2}, Field{p + 42, 4}, Field{header, 4},
+                    Field{header + 8, 2}, Field{header + 14, 4}, Field{header + 18, 4}, Field{header + 22, 4},
+                    Field{header + 26, 2}, Field{header + 28, 2}})
+      s.zip_fields.push_back(f);
+    const std::string name(b.begin() + p + 46, b.begin() + p + 46 + name_size);
+    const std::size_t data = header + 30 + le(b, header + 26, 2) + le(b, header + 28, 2), size = le(b, p + 20, 4);
+    const std::string inner = name.substr(name.find('/') + 1);
+    if (inner == "data.pkl") {
+      s.pickle.assign(b.begin() + data, b.begin() + data + size);
+      s.pickle_at = data;
+      s.pickle_crcs = {p + 16, header + 14};
+    }
+    if (inner == "data.pkl" || inner.rfind("data/", 0) == 0) s.records.push_back({inner, Bytes(b.begin() + data, b.begin() + data + size)});
+    p += 46 + name_size + extra + comment;
+  }
+  for (std::size_t at = 0; at < s.pickle.size(); at += op_length(s.pickle, at)) s.ops.push_back(at);
+  return s;
+}
+
+/// The pickle written into a zip as LibTorch writes it, with the seed's tensor records.
+Bytes rezip(const Seed& seed, const std::string& pickle) {
+  Bytes out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t size) {
+    out.insert(out.end(), static_cast<const char*>(bytes), static_cast<const char*>(bytes) + size);
+    return size;
+  });
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  for (const auto& [name, data] : seed.records)
+    if (name != "data.pkl") writer.writeRecord(name, data.data(), data.size());
+  writer.writeEndOfFile();
+  return out;
+}
+
+// ---- mutations ---------------------------------------------------------------------------------
+
+struct Rng {
+  std::uint64_t state;
+  std::uint64_t next() {  // splitmix64
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  std::size_t below(std::size_t n) { return n == 0 ? 0 : static_cast<std::size_t>(next() % n); }
+  bool one_in(std::size_t n) { return below(n) == 0; }
+};
+
+std::uint64_t interesting(Rng& rng, std::uint64_t original, std::uint64_t file_size) {
+  switch (rng.below(12)) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return original + 1;
+    case 3: return original - 1;
+    case 4: return original * 2;
+    case 5: return original + 1000;
+    case 6: return 0xFFFFFFFFull;
+    case 7: return 0x7FFFFFFFull;
+    case 8: return ~0ull;
+    case 9: return 0x7FFFFFFFFFFFFFFFull;
+    case 10: return file_size + rng.below(64);
+    default: return rng.next();
+  }
+}
+
+void byte_mutation(Bytes& b, Rng& rng) {
+  if (b.empty()) return;
+  const std::size_t n = b.size();
+  switch (rng.below(8)) {
+    case 0: b[rng.below(n)] ^= static_cast<char>(1u << rng.below(8)); break;  // bit flip
+    case 1:                                                                     // bytes overwritten
+      for (std::size_t k = 0, at = rng.below(n), count = 1 + rng.below(8); k < count && at + k < n; ++k)
+        b[at + k] = static_cast<char>(rng.next());
+      break;
+    case 2: {  // an integer overwritten
+      const int width = 1 << rng.below(4);
+      const std::size_t at = rng.below(n);
+      put_le(b, at, width, interesting(rng, at + width <= n ? le(b, at, width) : 0, n));
+    } break;
+    case 3: b.resize(rng.below(n)); break;  // truncated
+    case 4: {                               // a chunk duplicated
+      const std::size_t at = rng.below(n), len = 1 + rng.below(std::min<std::size_t>(n - at, 512));
+      const Bytes chunk(b.begin() + at, b.begin() + at + len);
+      b.insert(b.begin() + rng.below(n + 1), chunk.begin(), chunk.end());
+    } break;
+    case 5: {  // a chunk removed
+      const std::size_t at = rng.below(n), len = 1 + rng.below(std::min<std::size_t>(n - at, 512));
+      b.erase(b.begin() + at, b.begin() + at + len);
+    } break;
+    case 6: {  // random bytes inserted
+      Bytes chunk(1 + rng.below(64));
+      for (char& c : chunk) c = static_cast<char>(rng.next());
+      b.insert(b.begin() + rng.below(n + 1), chunk.begin(), chunk.end());
+    } break;
+    default: b.resize(n - std::min(n, 1 + rng.below(64))); break;  // a few bytes off the end
+  }
+}
+
+std::uint32_t crc32(const char* data, std::size_t size) {
+  std::uint32_t c = 0xFFFFFFFFu;
+  for (std::size_t i = 0; i < size; ++i) {
+    c ^= static_cast<unsigned char>(data[i]);
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+  }
+  return c ^ 0xFFFFFFFFu;
+}
+
+const char kOpcodes[] = "()NGJKMQRX]abcdehjlqrstu}.\x81\x85\x86\x87\x88\x89\x8a\x8d\x80\x94\x95\x8c";
+
+/// A value that LibTorch's unpickler mishandles unless fulgur refuses it first.
+std::string hostile_value(Rng& rng) {
+  static const std::size_t depths[] = {10, 999, 1000, 1001, 5000, 200000};
+  const std::size_t depth = depths[rng.below(std::size(depths))];
+  switch (rng.below(9)) {
+    case 0: return "N" + std::string(depth, '\x85');                          // tuples in tuples
+    case 1: {                                                                   // lists in lists, through the memo
+      std::string s = "]q\x01";
+      for (std::size_t i = 0; i < depth; ++i) s += std::string("]h\x01" "aq\x01", 6);
+      return s;
+    }
+    case 2: return std::string("]q\x02h\x02" "a", 6);                         // a list holding itself
+    case 3: return std::string("}q\x03X\x01\x00\x00\x00kh\x03s", 12);         // a dict holding itself
+    case 4: return std::string("Nr\xff\xff\xff\x0f", 6);                      // memo index 2^28
+    case 5: return std::string("X\xff\xff\xff\x7f", 5);                       // a 2 GB string
+    case 6: return std::string("\x8d\x00\x00\x00\x00\x01\x00\x00\x00", 9);    // a 4 GB string
+    case 7: return std::string("ctorch._tensor\n_rebuild_from_type_v2\n(NNN}tR", 43);  // a call before its target
+    default: return std::string("(((((((((t", 10) + std::string(depth % 50, 'e');  // unbalanced marks
+  }
+}
+
+std::string pickle_mutation(const Seed& seed, Rng& rng) {
+  std::string p = seed.pickle;
+  const std::size_t op = seed.ops.empty() ? 0 : seed.ops[rng.below(seed.ops.size())];
+  const std::size_t len = seed.ops.empty() ? 0 : op_length(p, op);
+  switch (rng.below(8)) {
+    case 0: p.erase(op, len); break;                                  // an opcode removed
+    case 1: p.insert(op, p.substr(op, len)); break;                   // an opcode repeated
+    case 2: p[op] = kOpcodes[rng.below(sizeof kOpcodes - 1)]; break;  // an opcode replaced
+    case 3: {                                                         // an opcode's integer argument
+      const unsigned char c = static_cast<unsigned char>(p[op]);
+      const int width = c == 'K' || c == 'h' || c == 'q' ? 1 : c == 'M' ? 2 : c == 'J' || c == 'j' || c == 'r' || c == 'X' ? 4 : c == 0x8a ? 8 : 0;
+      if (width == 0 || op + 1 + width + (c == 0x8a) > p.size()) break;
+      Bytes arg(p.begin() + op + 1 + (c == 0x8a), p.begin() + op + 1 + (c == 0x8a) + width);
+      put_le(arg, 0, width, interesting(rng, le(arg, 0, width), p.size()));
+      std::copy(arg.begin(), arg.end(), p.begin() + op + 1 + (c == 0x8a));
+    } break;
+    case 4: {  // a run of opcodes moved elsewhere
+      const std::size_t end = seed.ops[std::min(seed.ops.size() - 1, rng.below(seed.ops.size()))];
+      if (end <= op) break;
+      const std::string run = p.substr(op, end - op);
+      p.erase(op, end - op);
+      p.insert(std::min(p.size(), seed.ops[rng.below(seed.ops.size())]), run);
+    } break;
+    case 5: p.insert(op, hostile_value(rng)); break;  // hostile value in the middle
+    case 6:  // hostile value as the value of a well-formed dict
+      p = std::string("\x80\x02}(X\x01\x00\x00\x00k", 12) + hostile_value(rng) + "u.";
+      break;
+    default: {  // byte-level, inside the pickle
+      Bytes b(p.begin(), p.end());
+      byte_mutation(b, rng);
+      p.assign(b.begin(), b.end());
+    }
+  }
+  return p;
+}
+
+Bytes mutate(const Seed& seed, Rng& rng) {
+  Bytes b;
+  switch (rng.below(10)) {
+    case 0: case 1: case 2:  // the pickle, re-zipped: LibTorch's unpickler sees it
+      b = rezip(seed, pickle_mutation(seed, rng));
+      break;
+    case 3: {  // the pickle in place, CRC-32 fixed
+      b = seed.bytes;
+      Bytes p(seed.pickle.begin(), seed.pickle.end());
+      const std::size_t at = rng.below(p.size());
+      if (rng.one_in(2)) p[at] ^= static_cast<char>(1u << rng.below(8));
+      else p[at] = kOpcodes[rng.below(sizeof kOpcodes - 1)];
+      std::copy(p.begin(), p.end(), b.begin() + seed.pickle_at);
+      for (std::size_t crc : seed.pickle_crcs) put_le(b, crc, 4, crc32(p.data(), p.size()));
+    } break;
+    case 4: case 5: {  // zip header fields
+      b = seed.bytes;
+      for (std::size_t k = 0, count = 1 + rng.below(2); k < count; ++k) {
+        const Field f = seed.zip_fields[rng.below(seed.zip_fields.size())];
+        put_le(b, f.at, f.width, interesting(rng, le(b, f.at, f.width), b.size()));
+      }
+    } break;
+    default:  // anywhere
+      b = seed.bytes;
+      break;
+  }
+  for (std::size_t k = 0, count = rng.below(3) + (b == seed.bytes); k < count; ++k) byte_mutation(b, rng);
+  return b;
+}
+
+// ---- running -------------------------------------------------------------------------------------
+
+// What refused an input: fulgur's zip, pickle or tensor checks, or LibTorch's own reader.
+const char* const kRefusedBy[] = {"not a checkpoint", "truncated", "zip check", "pickle check", "tensor check", "LibTorch"};
+
+std::size_t refused_by(const std::string& what) {
+  if (what.find("LibTorch cannot read it") != std::string::npos) return 5;
+  if (what.find("is not a checkpoint") != std::string::npos) return 0;
+  if (what.find("is truncated") != std::string::npos) return 1;
+  if (what.find("its data.pkl") != std::string::npos) return 3;
+  if (what.find("tensor ") != std::string::npos) return 4;
+  return 2;
+}
+
+struct Shared {  // in memory shared with the forked child that runs a batch
+  std::uint64_t current;  // the input being run
+  std::uint64_t done, loaded, rejected, resaved;
+  std::uint64_t refused[std::size(kRefusedBy)];
+  int failed;  // 1: an exception other than CheckpointError, or an allocation failure reaching LibTorch
+  char message[1024];
+};
+
+void touch(const c10::IValue& v, int depth = 0) {
+  if (depth > 2000) throw std::runtime_error("fuzz: a loaded value nests deeper than fulgur allows");
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || t.is_meta()) return;
+    // Every byte of the storage, then every element of the view (kernels exist for most dtypes).
+    const auto* bytes = static_cast<const volatile unsigned char*>(t.storage().data());
+    unsigned sum = 0;
+    for (std::size_t i = 0; i < t.storage().nbytes(); ++i) sum += bytes[i];
+    (void)sum;
+    try {
+      (void)t.clone();
+    } catch (const c10::Error& e) {
+      if (std::string(e.what()).find("not implemented for") == std::string::npos) throw;  // e.g. 'UInt5'
+    }
+  } else if (v.isGenericDict()) {
+    for (const auto& item : v.toGenericDict()) touch(item.key(), depth + 1), touch(item.value(), depth + 1);
+  } else if (v.isList()) {
+    for (const c10::IValue& item : v.toListRef()) touch(item, depth + 1);
+  } else if (v.isTuple()) {
+    for (const c10::IValue& item : v.toTupleRef().elements()) touch(item, depth + 1);
+  }
+}
+
+/// 0: loaded or refused as it should be; 1: anything else (message in `shared`).
+int run_one(const Bytes& input, Shared& shared) {
+  const auto fail = [&](const std::string& why) {
+    std::snprintf(shared.message, sizeof shared.message, "%s", why.c_str());
+    shared.failed = 1;
+    return 1;
+  };
+  try {
+    const fulgur::StateDict state = fulgur::checkpoint::from_bytes(input, "fuzz input");
+    touch(state.to_ivalue());
+    ++shared.loaded;
+    // What fulgur loads, it can write and read again.
+    Bytes again;
+    try {
+      again = fulgur::checkpoint::to_bytes(state);
+    } catch (const std::exception&) {
+      return 0;  // e.g. a complex tensor the pickler does not write: not the reader's business
+    }
+    try {
+      touch(fulgur::checkpoint::from_bytes(again, "re-saved fuzz input").to_ivalue());
+      ++shared.resaved;
+    } catch (const std::exception& e) {
+      return fail(std::string("a loaded input, saved again, does not load: ") + e.what());
+    }
+  } catch (const fulgur::CheckpointError& e) {
+    const std::string what = e.what();
+    if (what.find("bad_alloc") != std::string::npos || what.find("allocate") != std::string::npos)
+      return fail("an allocation failure reached LibTorch: " + what);
+    ++shared.rejected;
+    ++shared.refused[refused_by(what)];
+  } catch (const std::exception& e) {
+    return fail(std::string("not a CheckpointError: ") + e.what());
+  } catch (...) {
+    return fail("not a CheckpointError: an exception of unknown type");
+  }
+  return 0;
+}
+
+struct Corpus {
+  std::vector<Seed> seeds;
+  std::uint64_t seed = 0;
+  Bytes input(std::uint64_t n) const {
+    Rng rng{seed * 0x100000001B3ull ^ (n * 0x9E3779B97F4A7C15ull)};
+    return mutate(seeds[n % seeds.size()], rng);
+  }
+};
+
+Corpus make_corpus(std::uint64_t seed, const std::vector<std::string>& extra) {
+  Corpus c;
+  c.seed = seed;
+  fulgur::StateDict small;
+  small.insert("a", int64_t{1});
+  c.seeds.push_back(make_seed(fulgur::checkpoint::to_bytes(rich_state())));
+  c.seeds.push_back(make_seed(fulgur::checkpoint::to_bytes(small)));
+  c.seeds.push_back(make_seed(torch::jit::pickle_save(rich_state().to_ivalue())));  // type-tagged, as LibTorch writes
+  for (const std::string& path : extra) {
+    std::ifstream in(path, std::ios::binary);
+    c.seeds.push_back(make_seed(Bytes(std::istreambuf_iterator<char>(in), {})));
+  }
+  return c;
+}
+
+std::string artifact(std::uint64_t seed, std::uint64_t n, const Bytes& input) {
+  const char* folder = std::getenv("FULGUR_FUZZ_ARTIFACTS");
+  const std::string path = std::string(folder ? folder : ".") + "/checkpoint-fuzz-" + std::to_string(seed) + "-" +
+                           std::to_string(n) + ".bin";
+  std::ofstream(path, std::ios::binary).write(input.data(), static_cast<std::streamsize>(input.size()));
+  return path;
+}
+
+/// LibTorch warns on some inputs ("Trying to load a Subclassed Tensor"): thousands of lines.
+struct QuietWarnings final : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+} quiet;
+
+int replay(int argc, char** argv) {
+  auto* shared = new Shared{};
+  int status = 0;
+  for (int i = 2; i < argc; ++i) {
+    std::ifstream in(argv[i], std::ios::binary);
+    const Bytes input(std::istreambuf_iterator<char>(in), {});
+    const std::uint64_t loaded = shared->loaded;
+    const int result = run_one(input, *shared);
+    std::printf("%s: %s\n", argv[i], result ? shared->message : shared->loaded > loaded ? "loaded" : "rejected");
+    status |= result;
+  }
+  return status;
+}
+
+}  // namespace
+
+#if FULGUR_LIBFUZZER
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  static Shared shared{};
+  c10::WarningUtils::set_warning_handler(&quiet);
+  if (run_one(Bytes(data, data + size), shared) != 0) {
+    std::fprintf(stderr, "%s\n", shared.message);
+    std::abort();
+  }
+  return 0;
+}
+#else
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--replay") return replay(argc, argv);
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s <seconds> <seed> [extra seed files...] | --replay <file>...\n", argv[0]);
+    return 2;
+  }
+  const double seconds = std::atof(argv[1]);
+  const std::uint64_t seed = std::strtoull(argv[2], nullptr, 10);
+  at::set_num_threads(1);  // no thread pool for the forked children to inherit half of
+  c10::WarningUtils::set_warning_handler(&quiet);
+  const Corpus corpus = make_corpus(seed, std::vector<std::string>(argv + 3, argv + argc));
+  auto* shared = static_cast<Shared*>(::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  std::uint64_t next = 0, loaded = 0, rejected = 0, resaved = 0, crashes = 0, refused[std::size(kRefusedBy)] = {};
+  while (Clock::now() < deadline) {
+    std::memset(shared, 0, sizeof(Shared));
+    const std::uint64_t first = next;
+    const pid_t child = ::fork();
+    if (child == 0) {  // a batch: about a second of inputs, or until one fails
+      const Clock::time_point batch_end = std::min<Clock::time_point>(deadline, Clock::now() + std::chrono::seconds(1));
+      for (std::uint64_t n = first; Clock::now() < batch_end; ++n) {
+        shared->current = n;
+        if (run_one(corpus.input(n), *shared) != 0) ::_exit(3);
+        ++shared->done;
+      }
+      ::_exit(0);
+    }
+    int status = 0;
+    const auto batch_deadline = Clock::now() + std::chrono::seconds(60);
+    while (::waitpid(child, &status, WNOHANG) == 0) {
+      if (Clock::now() > batch_deadline) {  // a hang
+        ::kill(child, SIGKILL);
+        ::waitpid(child, &status, 0);
+        break;
+      }
+      ::usleep(2000);
+    }
+    loaded += shared->loaded, rejected += shared->rejected, resaved += shared->resaved;
+    for (std::size_t i = 0; i < std::size(kRefusedBy); ++i) refused[i] += shared->refused[i];
+    next = first + shared->done;
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+      const std::uint64_t n = shared->current;
+      const std::string why = WIFSIGNALED(status) ? (WTERMSIG(status) == SIGKILL ? "hung (killed after 60 s)" : std::string("crashed: ") + strsignal(WTERMSIG(status)))
+                                                  : std::string(shared->message);
+      std::printf("input %llu (seed %llu): %s\n  input written to %s\n", static_cast<unsigned long long>(n),
+                  static_cast<unsigned long long>(seed), why.c_str(), artifact(seed, n, corpus.input(n)).c_str());
+      ++crashes;
+      next = n + 1;
+    }
+  }
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("fuzz: %llu inputs, %llu loaded, %llu rejected, %llu crashes\n", static_cast<unsigned long long>(next),
+              static_cast<unsigned long long>(loaded), static_cast<unsigned long long>(rejected),
+              static_cast<unsigned long long>(crashes));
+  std::printf("(%.1f s, seed %llu, %zu seed checkpoints; %llu loaded inputs saved and loaded again)\n", elapsed,
+              static_cast<unsigned long long>(seed), corpus.seeds.size(), static_cast<unsigned long long>(resaved));
+  std::printf("(refused by:");
+  for (std::size_t i = 0; i < std::size(kRefusedBy); ++i)
+    std::printf(" %s %llu%s", kRefusedBy[i], static_cast<unsigned long long>(refused[i]), i + 1 < std::size(kRefusedBy) ? "," : ")\n");
+  return crashes == 0 ? 0 : 1;
+}
+#endif

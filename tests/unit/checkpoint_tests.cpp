@@ -1,0 +1,361 @@
+// Trainer checkpoints: exact resume at any batch, what a checkpoint holds, Python's view of it.
+#include <sys/stat.h>
+#include <dirent.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <algorithm>
+#include <limits>
+
+#include "support.hpp"
+
+using namespace fulgur;
+using test::CPU;
+using test::Single;
+
+namespace {
+
+/// Dropout (random state), an LR scheduler stepping every optimizer step, values logged on step
+/// and on epoch; with `inf_at`, one step's loss is infinite (a skipped step under '16-mixed').
+struct ResumeNetImpl : torch::nn::Module {
+  ResumeNetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 16))),
+        drop(register_module("drop", torch::nn::Dropout(0.25))),
+        fc2(register_module("fc2", torch::nn::Linear(16, 3))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc2(drop(torch::relu(fc1(x)))); }
+  at::Tensor training_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
+    at::Tensor loss = torch::nn::functional::cross_entropy(forward(b.input).to(at::kFloat), b.target);
+    if (ctx.global_step == inf_at) loss = loss * std::numeric_limits<float>::infinity();
+    ctx.log("train_loss", loss, {.prog_bar = true, .on_step = true, .on_epoch = true});
+    ctx.log("batch_mean", b.input.mean().to(at::kDouble), {.on_step = false, .on_epoch = true, .reduce = ReduceOp::max});
+    return loss;
+  }
+  at::Tensor validation_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
+    at::Tensor loss = torch::nn::functional::cross_entropy(forward(b.input).to(at::kFloat), b.target);
+    ctx.log("val_loss", loss);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() {
+    auto optimizer = std::make_unique<torch::optim::Adam>(parameters(), 1e-2);
+    auto scheduler = std::make_unique<torch::optim::StepLR>(*optimizer, 3, 0.5);
+    return {std::move(optimizer), std::move(scheduler), SchedulerInterval::step};
+  }
+  torch::nn::Linear fc1;
+  torch::nn::Dropout drop;
+  torch::nn::Linear fc2;
+  std::int64_t inf_at = -1;
+};
+TORCH_MODULE(ResumeNet);
+
+/// Asks for a checkpoint at the end of the training batch number `at` (counted from 1 over the run).
+struct SaveAtBatch {
+  std::int64_t at = -1;
+  std::string path;
+  std::int64_t seen = 0;
+  void on_train_batch_end(TrainerView& trainer) {
+    if (++seen == at) trainer.save_checkpoint(path);
+  }
+};
+
+/// What the loggers received: (step, name) -> value.
+struct RecordingLogger {
+  std::map<std::pair<std::int64_t, std::string>, double>* out;
+  void log_metrics(const Metrics& metrics, std::int64_t step) {
+    for (const auto& [name, value] : metrics) (*out)[{step, name}] = value;
+  }
+};
+
+std::string scratch_folder(const std::string& name) {
+  const std::string folder = "/tmp/fulgur_checkpoint_tests_" + std::to_string(::getpid()) + "/" + name;
+  fulgur::detail::remove_tree(folder);
+  fulgur::detail::make_directories(folder);
+  return folder;
+}
+
+struct Run {
+  std::vector<at::Tensor> weights;
+  std::vector<at::Tensor> adam;  // exp_avg, exp_avg_sq per parameter, and the step counts
+  std::map<std::pair<std::int64_t, std::string>, double> logged;
+  FitResult result;
+  double lr = 0.0;
+};
+
+template <class P>
+Run train(std::int64_t save_at, const std::string& path, const std::string& resume_from, std::int64_t inf_at,
+          std::int64_t max_steps = 12) {
+  torch::manual_seed(resume_from.empty() ? 7 : 99);  // a resumed run starts from other weights
+  ResumeNet net;
+  net->inf_at = inf_at;
+  auto [x, y] = test::classification_data(64, 3);
+  auto [vx, vy] = test::classification_data(16, 4);
+  data::TensorLoader train_data(x, y, {.batch_size = 8, .shuffle = true, .seed = 11});
+  data::TensorLoader val_data(vx, vy, {.batch_size = 8});
+  Run run;
+  TrainerConfig config{.max_steps = max_steps, .accumulate_grad_batches = 2, .val_check_interval = 4,
+                       .log_every_n_steps = 1, .enable_progress_bar = false};
+  Trainer<CPU, Single, P, SaveAtBatch, RecordingLogger, EarlyStopping> trainer(
+      config, SaveAtBatch{save_at, path}, RecordingLogger{&run.logged},
+      EarlyStopping(EarlyStoppingOptions{.monitor = "val_loss", .patience = 100}));
+  run.result = trainer.fit(net, train_data, val_data, FitOptions{.ckpt_path = resume_from});
+  run.weights = test::snapshot(*net);
+  return run;
+}
+
+void require_same_training(const Run& straight, const Run& resumed, std::int64_t from_step) {
+  REQUIRE(straight.weights.size() == resumed.weights.size());
+  for (std::size_t i = 0; i < straight.weights.size(); ++i) CHECK(test::identical(straight.weights[i], resumed.weights[i]));
+  CHECK(straight.result.global_step == resumed.result.global_step);
+  CHECK(straight.result.skipped_optimizer_steps >= resumed.result.skipped_optimizer_steps);
+  std::size_t compared = 0;
+  for (const auto& [key, value] : resumed.logged) {
+    INFO("step " << key.first << " " << key.second);
+    REQUIRE(straight.logged.count(key) == 1);
+    CHECK(straight.logged.at(key) == value);  // bit for bit
+    ++compared;
+  }
+  for (const auto& [key, value] : straight.logged)
+    if (key.first >= from_step) CHECK(resumed.logged.count(key) == 1);
+  CHECK(compared > 0);
+  for (const auto& [name, value] : straight.result.metrics) {
+    INFO(name);
+    REQUIRE(resumed.result.metrics.count(name) == 1);
+    CHECK(resumed.result.metrics.at(name) == value);
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("a run stopped at any batch and resumed equals the run straight through", "[checkpoint][resume]",
+                   FloatPrecision, FP16MixedPrecision, BF16MixedPrecision) {
+  // 8 batches an epoch, 2 per optimizer step, validation after batches 4 and 8 of each epoch.
+  const std::int64_t inf_at = std::is_same_v<TestType, FP16MixedPrecision> ? 1 : -1;  // a skipped step before the stop
+  const auto [where, batch] = GENERATE(table<const char*, std::int64_t>({{"inside an accumulation window", 3},
+                                                                        {"after a validation, mid-epoch", 4},
+                                                                        {"at an epoch boundary", 8},
+                                                                        {"in the second epoch, mid-window", 11}}));
+  INFO(where << " (batch " << batch << ") under " << TestType::name);
+  const std::string folder = scratch_folder("resume");
+  const std::string path = folder + "/at.ckpt";
+  const Run straight = train<TestType>(batch, path, "", inf_at);
+  REQUIRE(::access(path.c_str(), F_OK) == 0);
+  const Run resumed = train<TestType>(-1, "", path, inf_at);
+  require_same_training(straight, resumed, /*from_step=*/batch / 2);
+}
+
+TEST_CASE("fit with max_steps mid-epoch, save_checkpoint after fit, resume to more steps: as one run", "[checkpoint][resume]") {
+  const std::string folder = scratch_folder("after_fit");
+  const Run straight = train<FloatPrecision>(-1, "", "", -1, 12);
+  // The first run stops at step 5 (batch 10, mid-epoch 2) and saves after fit.
+  torch::manual_seed(7);
+  ResumeNet net;
+  auto [x, y] = test::classification_data(64, 3);
+  auto [vx, vy] = test::classification_data(16, 4);
+  data::TensorLoader train_data(x, y, {.batch_size = 8, .shuffle = true, .seed = 11});
+  data::TensorLoader val_data(vx, vy, {.batch_size = 8});
+  std::map<std::pair<std::int64_t, std::string>, double> first_logged;
+  TrainerConfig config{.max_steps = 5, .accumulate_grad_batches = 2, .val_check_interval = 4, .log_every_n_steps = 1,
+                       .enable_progress_bar = false};
+  Trainer<CPU, Single, FloatPrecision, SaveAtBatch, RecordingLogger, EarlyStopping> trainer(
+      config, SaveAtBatch{}, RecordingLogger{&first_logged},
+      EarlyStopping(EarlyStoppingOptions{.monitor = "val_loss", .patience = 100}));
+  CHECK(trainer.fit(net, train_data, val_data).global_step == 5);
+  trainer.save_checkpoint(folder + "/stopped.ckpt");
+  const Run resumed = train<FloatPrecision>(-1, "", folder + "/stopped.ckpt", -1, 12);
+  for (std::size_t i = 0; i < straight.weights.size(); ++i) CHECK(test::identical(straight.weights[i], resumed.weights[i]));
+  CHECK(resumed.result.global_step == 12);
+  // The epoch the stop cut short ends in the resumed run with the means of all its batches.
+  CHECK(resumed.logged.at({7, "train_loss_epoch"}) == straight.logged.at({7, "train_loss_epoch"}));
+}
+
+TEST_CASE("a checkpoint has Lightning's keys and fulgur's stamp", "[checkpoint]") {
+  const std::string folder = scratch_folder("keys");
+  train<FP16MixedPrecision>(4, folder + "/k.ckpt", "", -1, 3);
+  const StateDict c = checkpoint::load(folder + "/k.ckpt");
+  for (const char* key : {"epoch", "global_step", "pytorch-lightning_version", "state_dict", "loops", "callbacks",
+                          "optimizer_states", "lr_schedulers", "MixedPrecision", "fulgur"})
+    CHECK(c.contains(key));
+  CHECK(c.at("global_step").toInt() == 2);
+  const StateDict weights(c.at("state_dict").toGenericDict());
+  CHECK(weights.contains("fc1.weight"));
+  CHECK(StateDict(c.at("callbacks").toGenericDict()).contains("EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}"));
+  const StateDict scaler(c.at("MixedPrecision").toGenericDict());
+  CHECK(scaler.contains("scale"));
+  const StateDict stamp(c.at("fulgur").toGenericDict());
+  CHECK(stamp.at("format_version").toInt() == checkpoint::format_version);
+  CHECK(stamp.at("combination").toStringRef() == "cpu/single_device/16-mixed");
+}
+
+TEST_CASE("resuming refuses what cannot continue, naming it", "[checkpoint][errors]") {
+  const std::string folder = scratch_folder("refusals");
+  train<FloatPrecision>(4, folder + "/good.ckpt", "", -1, 3);
+  auto resume = [&](const std::string& path) { return test::message_of<CheckpointError>([&] { train<FloatPrecision>(-1, "", path, -1, 4); }); };
+  // A newer format.
+  StateDict c = checkpoint::load(folder + "/good.ckpt");
+  StateDict stamp(c.at("fulgur").toGenericDict());
+  stamp.insert("format_version", checkpoint::format_version + 1);
+  c.insert("fulgur", stamp.to_ivalue());
+  checkpoint::save(folder + "/newer.ckpt", c);
+  CHECK_THAT(resume(folder + "/newer.ckpt"), Catch::Contains("written by a newer fulgur: upgrade fulgur"));
+  // Another model's weights.
+  StateDict other = checkpoint::load(folder + "/good.ckpt");
+  StateDict weights(other.at("state_dict").toGenericDict());
+  weights.insert("fc1.weight", torch::zeros({4, 4}));
+  weights.insert("extra.bias", torch::zeros({2}));
+  other.insert("state_dict", weights.to_ivalue());
+  checkpoint::save(folder + "/other.ckpt", other);
+  const std::string mismatch = resume(folder + "/other.ckpt");
+  CHECK_THAT(mismatch, Catch::Contains("does not fit the module"));
+  CHECK_THAT(mismatch, Catch::Contains("extra.bias"));
+  CHECK_THAT(mismatch, Catch::Contains("size mismatch for fc1.weight"));
+  // Not fulgur's, not a checkpoint, absent, a folder.
+  checkpoint::save(folder + "/plain.ckpt", weights);
+  CHECK_THAT(resume(folder + "/plain.ckpt"), Catch::Contains("is not a fulgur training checkpoint"));
+  std::ofstream(folder + "/text.ckpt") << "hello";
+  CHECK_THAT(resume(folder + "/text.ckpt"), Catch::Contains("is not a checkpoint"));
+  CHECK_THAT(resume(folder + "/absent.ckpt"), Catch::Contains("cannot open checkpoint"));
+  CHECK_THAT(resume(folder), Catch::Contains("is a directory"));
+}
+
+TEST_CASE("weights-only checkpoints and save_checkpoint outside fit", "[checkpoint]") {
+  const std::string folder = scratch_folder("weights_only");
+  Trainer<CPU, Single, FloatPrecision> trainer(TrainerConfig{.enable_progress_bar = false});
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { trainer.save_checkpoint(folder + "/x.ckpt"); }),
+             Catch::Contains("during or after trainer.fit"));
+  test::Classifier net;
+  auto [x, y] = test::classification_data(32);
+  trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 8}));
+  trainer.save_checkpoint(folder + "/w.ckpt", /*weights_only=*/true);
+  const StateDict c = checkpoint::load(folder + "/w.ckpt");
+  CHECK(c.contains("state_dict"));
+  CHECK_FALSE(c.contains("optimizer_states"));
+  test::Classifier other;
+  checkpoint::load_module_state_dict(*other, checkpoint::module_weights(c));
+  CHECK(torch::equal(other->fc1->weight, net->fc1->weight));
+  Trainer<CPU, Single, FloatPrecision> again(TrainerConfig{.enable_progress_bar = false});
+  CHECK_THAT(test::message_of<CheckpointError>([&] {
+               again.fit(other, data::TensorLoader(x, y, {.batch_size = 8}), FitOptions{.ckpt_path = folder + "/w.ckpt"});
+             }),
+             Catch::Contains("holds weights only"));
+}
+
+TEST_CASE("Python's torch.load(weights_only=True) reads a fulgur checkpoint; fulgur reads torch.save's", "[checkpoint][python]") {
+  const std::string folder = scratch_folder("python");
+  train<FP16MixedPrecision>(4, folder + "/py.ckpt", "", -1, 3);
+  const std::string script = std::string(FULGUR_SOURCE_DIR) + "/tests/checkpoint/python_roundtrip.py";
+  const std::string command = std::string(FULGUR_TEST_PYTHON) + " " + script + " " + folder + "/py.ckpt " + folder + "/back.pt";
+  REQUIRE(std::system(command.c_str()) == 0);
+  const StateDict original = checkpoint::load(folder + "/py.ckpt");
+  const StateDict back = checkpoint::load(folder + "/back.pt");  // Python's torch.save of what it read
+  const StateDict a(original.at("state_dict").toGenericDict()), b(back.at("state_dict").toGenericDict());
+  REQUIRE(a.size() == b.size());
+  for (const auto& item : a) CHECK(test::identical(item.value().toTensor(), b.at(item.key().toStringRef()).toTensor()));
+  CHECK(back.at("global_step").toInt() == original.at("global_step").toInt());
+}
+
+namespace {
+
+/// Logs `score` once per epoch from a script of values (epoch e -> scores[e]).
+struct ScoredNetImpl : test::ClassifierImpl {
+  std::vector<double> scores;
+  at::Tensor training_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+    ctx.log("score", scores.at(static_cast<std::size_t>(ctx.current_epoch)), {.on_step = false, .on_epoch = true});
+    return test::ClassifierImpl::training_step(b, i);
+  }
+};
+TORCH_MODULE(ScoredNet);
+
+std::vector<std::string> files_in(const std::string& folder) {
+  std::vector<std::string> names;
+  if (DIR* dir = ::opendir(folder.c_str())) {
+    while (const dirent* entry = ::readdir(dir))
+      if (entry->d_name[0] != '.' || std::string(entry->d_name).find(".tmp") != std::string::npos)
+        if (std::string(entry->d_name) != "." && std::string(entry->d_name) != "..") names.push_back(entry->d_name);
+    ::closedir(dir);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("ModelCheckpoint keeps the best save_top_k by its monitor, and last.ckpt", "[checkpoint][model_checkpoint]") {
+  const std::string folder = scratch_folder("top_k");
+  ScoredNet net;
+  net->scores = {5.0, 3.0, 4.0, 1.0, 2.0};
+  auto [x, y] = test::classification_data(32);
+  Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> trainer(
+      TrainerConfig{.max_epochs = 5, .enable_progress_bar = false},
+      ModelCheckpoint({.dirpath = folder, .filename = "{epoch}-{score:.2f}", .monitor = "score", .save_top_k = 2,
+                       .save_last = true}));
+  trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 8}));
+  const auto& mc = trainer.callback<ModelCheckpoint>();
+  CHECK(files_in(folder) == std::vector<std::string>{"epoch=3-score=1.00.ckpt", "epoch=4-score=2.00.ckpt", "last.ckpt"});
+  CHECK(mc.best_model_path() == folder + "/epoch=3-score=1.00.ckpt");
+  CHECK(mc.best_model_score() == 1.0);
+  CHECK(mc.best_k_models().size() == 2);
+  // Each file is the state at its epoch's end: it resumes at the next epoch.
+  CHECK(checkpoint::load(folder + "/epoch=3-score=1.00.ckpt").at("global_step").toInt() == 16);
+  CHECK(checkpoint::load(folder + "/last.ckpt").at("global_step").toInt() == 20);
+  const StateDict saved_state(StateDict(checkpoint::load(folder + "/last.ckpt").at("callbacks").toGenericDict())
+                                  .at(mc.state_key()).toGenericDict());
+  CHECK(saved_state.at("best_model_path").toStringRef() == mc.best_model_path());
+}
+
+TEST_CASE("ModelCheckpoint: every_n_train_steps without a monitor, top_k -1 and 0, version counter", "[checkpoint][model_checkpoint]") {
+  const std::string folder = scratch_folder("every_n");
+  auto [x, y] = test::classification_data(32);
+  SECTION("every 2 steps, all kept") {
+    test::Classifier net;
+    Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> trainer(
+        TrainerConfig{.max_epochs = 2, .enable_progress_bar = false},
+        ModelCheckpoint({.dirpath = folder, .save_top_k = -1, .every_n_train_steps = 3}));
+    trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 8}));
+    CHECK(files_in(folder) == std::vector<std::string>{"epoch=0-step=3.ckpt", "epoch=1-step=6.ckpt"});
+    // A second run into the same folder does not overwrite: "-v1".
+    test::Classifier again;
+    Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> second(
+        TrainerConfig{.max_epochs = 1, .enable_progress_bar = false},
+        ModelCheckpoint({.dirpath = folder, .save_top_k = -1, .every_n_train_steps = 3}));
+    second.fit(again, data::TensorLoader(x, y, {.batch_size = 8}));
+    CHECK(files_in(folder) == std::vector<std::string>{"epoch=0-step=3-v1.ckpt", "epoch=0-step=3.ckpt", "epoch=1-step=6.ckpt"});
+  }
+  SECTION("top_k 0 with save_last: last.ckpt only, weights only") {
+    test::Classifier net;
+    Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> trainer(
+        TrainerConfig{.max_epochs = 2, .enable_progress_bar = false},
+        ModelCheckpoint({.dirpath = folder, .save_top_k = 0, .save_last = true, .save_weights_only = true}));
+    trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 8}));
+    CHECK(files_in(folder) == std::vector<std::string>{"last.ckpt"});
+    CHECK_FALSE(checkpoint::load(folder + "/last.ckpt").contains("optimizer_states"));
+  }
+  CHECK_THAT(test::message_of<MisconfigurationError>([] { ModelCheckpoint({.save_top_k = 3}); }),
+             Catch::Contains("No quantity for top_k to track"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([] { ModelCheckpoint({.save_top_k = -2}); }),
+             Catch::Contains("Must be >= -1"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([] { ModelCheckpoint({.every_n_train_steps = 2, .every_n_epochs = 1}); }),
+             Catch::Contains("mutually exclusive"));
+}
+
+TEST_CASE("fit(..., {.ckpt_path = \"last\"}) resumes from ModelCheckpoint's last.ckpt", "[checkpoint][model_checkpoint]") {
+  const std::string folder = scratch_folder("last");
+  auto [x, y] = test::classification_data(32);
+  auto make = [&](std::int64_t epochs, const std::string& root) {
+    return std::make_unique<Trainer<CPU, Single, FloatPrecision, ModelCheckpoint>>(
+        TrainerConfig{.max_epochs = epochs, .default_root_dir = root, .enable_progress_bar = false},
+        ModelCheckpoint({.save_top_k = 0, .save_last = true}));
+  };
+  torch::manual_seed(1);
+  test::Classifier straight;
+  make(3, folder + "/straight")->fit(straight, data::TensorLoader(x, y, {.batch_size = 8, .shuffle = true}));
+  torch::manual_seed(1);
+  test::Classifier first;
+  make(2, folder)->fit(first, data::TensorLoader(x, y, {.batch_size = 8, .shuffle = true}));
+  CHECK(files_in(folder + "/checkpoints") == std::vector<std::string>{"last.ckpt"});
+  test::Classifier resumed;
+  const FitResult result = make(3, folder)->fit(resumed, data::TensorLoader(x, y, {.batch_size = 8, .shuffle = true}),
+                                        FitOptions{.ckpt_path = "last"});
+  CHECK(result.global_step == 12);
+  CHECK(result.epochs.size() == 1);  // only the third epoch ran
+  for (std::size_t i = 0; i < 4; ++i) CHECK(torch::equal(test::snapshot(*straight)[i], test::snapshot(*resumed)[i]));
+}
