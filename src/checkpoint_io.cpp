@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -793,8 +794,9 @@ StateDict from_memory(const char* data, std::size_t size, const std::string& wha
   std::unordered_map<const void*, std::size_t> record_sizes;
   try {
     caffe2::serialize::PyTorchStreamReader archive(std::make_shared<MemoryReader>(data, size));
-    const auto [pickle, pickle_size] = archive.getRecord("data.pkl");
-    const auto* pickled = static_cast<const unsigned char*>(pickle.get());
+    const auto pickle = archive.getRecord("data.pkl");
+    const auto* pickled = static_cast<const unsigned char*>(std::get<0>(pickle).get());
+    const std::size_t pickle_size = std::get<1>(pickle);
     if (const std::string problem = PickleCheck(pickled, pickle_size).problem(); !problem.empty()) complain.corrupt(problem);
     std::size_t done = 0;
     auto reader = [&](char* buffer, std::size_t n) -> std::size_t {

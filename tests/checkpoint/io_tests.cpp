@@ -180,9 +180,10 @@ std::string str(const std::string& s) { return "X" + le32(static_cast<std::int64
 
 /// {"t": tensor} as Python's torch.save pickles it: a float storage of `numel` elements in record
 /// data/0, viewed with this offset, size and stride.
-std::string tensor_pickle(std::int64_t numel, std::int64_t offset, std::int64_t size, std::int64_t stride) {
+std::string tensor_pickle(std::int64_t numel, std::int64_t offset, std::int64_t size, std::int64_t stride,
+                          const std::string& element_type = "ctorch\nFloatStorage\n") {
   return std::string("\x80\x02}", 3) + str("t") + "ctorch._utils\n_rebuild_tensor_v2\n(" + "(" + str("storage") +
-         "ctorch\nFloatStorage\n" + str("0") + str("cpu") + binint(numel) + "tQ" + binint(offset) + binint(size) +
+         element_type + str("0") + str("cpu") + binint(numel) + "tQ" + binint(offset) + binint(size) +
          "\x85" + binint(stride) + "\x85\x89" + "ccollections\nOrderedDict\n)R" + "tRs.";
 }
 std::string floats(std::int64_t n) {
@@ -309,6 +310,22 @@ TEST_CASE("a tensor whose storage or view reaches past its record is refused, no
   CHECK_THAT(checkpoint_error([&] { load(1000, 0, 1000, 3); }), Catch::Contains("reaches past its storage"));
   CHECK_THAT(checkpoint_error([&] { load(1000, 999, 1000, -1); }), Catch::Contains("checkpoint 'forged.ckpt' is corrupt"));
   CHECK_THAT(checkpoint_error([&] { load(1000, -1, 10, 1); }), Catch::Contains("checkpoint 'forged.ckpt' is"));
+  // The element type as a number: LibTorch indexes its type tables with it unchecked.
+  const auto typed = [](const std::string& element_type) {
+    return checkpoint_error([&] {
+      checkpoint::from_bytes(zip_of({{"data.pkl", tensor_pickle(1000, 0, 1000, 1, element_type)}, {"data/0", floats(1000)}}),
+                             "checkpoint 'forged.ckpt'");
+    });
+  };
+  CHECK_THAT(typed(binint(200)), Catch::Contains("holds a storage of unknown element type 200"));
+  CHECK_THAT(typed(binint(-1)), Catch::Contains("holds a storage of unknown element type -1"));
+  // A quantized element type without _rebuild_qtensor's parameters: every use of it fails.
+  CHECK_THAT(typed(binint(static_cast<int>(at::kQInt8))), Catch::Contains("is quantized but has no quantization parameters"));
+  CHECK(at::equal(checkpoint::from_bytes(zip_of({{"data.pkl", tensor_pickle(1000, 0, 1000, 1, binint(static_cast<int>(at::kFloat)))},
+                                                 {"data/0", floats(1000)}}))
+                      .at("t")
+                      .toTensor(),
+                  at::arange(1000, at::kFloat)));
 }
 
 TEST_CASE("hostile pickles that crash LibTorch's unpickler are refused first", "[load][hostile]") {

@@ -2,8 +2,16 @@
 // Checkpoint files and the state of modules and optimizers (implemented in src/checkpoint_io.cpp).
 //
 // A checkpoint is a StateDict written with torch::pickle_save (a torch.save-style zip).
-// Writes are atomic: a temporary file in the same folder, fsync, rename, fsync of the folder —
-// a crash mid-save leaves the previous checkpoint intact.
+// Writes are atomic: a temporary file in the same folder (".<name>.tmp.<pid>"), fsync, rename, fsync
+// of the folder — a crash mid-save leaves the previous checkpoint intact. A save first removes the
+// temporary files of writers killed mid-save (dead pid, no lock held); saves in one process run one
+// at a time. A failed save or load is a CheckpointError and changes nothing on disk.
+//
+// Reading checks the zip (every record inside the file, CRC-32 of each), the pickle (a dry run of
+// LibTorch's unpickler: opcodes, lengths, memo, nesting at most 1000 deep, no container holding
+// itself) and every tensor (within its storage, its storage within its record) before any of it is
+// used: a truncated, corrupt or hostile file is a CheckpointError, never a crash. Tensors load on
+// the CPU, as Lightning's checkpoint loading maps them.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
