@@ -20,26 +20,17 @@ struct expose {
   friend typename Tag::type member(Tag) { return Member; }
 };
 using Plateau = torch::optim::ReduceLROnPlateauScheduler;
-struct step_count_tag {
-  using type = unsigned torch::optim::LRScheduler::*;
-  friend type member(step_count_tag);
+/// Names one member of Class of type T (Id tells members of one type apart).
+template <class Class, class T, int Id>
+struct member_tag {
+  using type = T Class::*;
+  friend type member(member_tag);
 };
-struct best_tag {
-  using type = float Plateau::*;
-  friend type member(best_tag);
-};
-struct bad_epochs_tag {
-  using type = int Plateau::*;
-  friend type member(bad_epochs_tag);
-};
-struct cooldown_counter_tag {
-  using type = int Plateau::*;
-  friend type member(cooldown_counter_tag);
-};
-struct last_epoch_tag {
-  using type = int Plateau::*;
-  friend type member(last_epoch_tag);
-};
+using step_count_tag = member_tag<torch::optim::LRScheduler, unsigned, 0>;
+using best_tag = member_tag<Plateau, float, 0>;
+using bad_epochs_tag = member_tag<Plateau, int, 0>;
+using cooldown_counter_tag = member_tag<Plateau, int, 1>;
+using last_epoch_tag = member_tag<Plateau, int, 2>;
 template struct expose<step_count_tag, &torch::optim::LRScheduler::step_count_>;
 template struct expose<best_tag, &Plateau::best>;
 template struct expose<bad_epochs_tag, &Plateau::num_bad_epochs>;

@@ -1,24 +1,18 @@
 // ModelCheckpoint: Lightning's decisions (top-k, last, triggers, file names), fulgur's writes.
 #include "fulgur/callbacks/model_checkpoint.hpp"
 
-#include <sys/stat.h>
-
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <limits>
 
+#include "fulgur/detail/files.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur {
 
 namespace {
-
-bool file_exists(const std::string& path) {
-  struct stat info {};
-  return ::stat(path.c_str(), &info) == 0;
-}
 
 /// A number as Python's format(value, spec) writes it, for the specs file names use (.3f, .2e, d, ...).
 std::string formatted(double value, const std::string& spec, bool integral) {
@@ -223,7 +217,7 @@ std::string ModelCheckpoint::format_name(TrainerView& trainer) const {
 std::string ModelCheckpoint::unique_path(TrainerView& trainer, const std::string& name, const std::string& previous) const {
   std::string path = dirpath_ + "/" + name + ".ckpt";
   for (int version = 1; options_.enable_version_counter; ++version) {
-    const bool taken = trainer.reduce_boolean_decision(file_exists(path) && path != previous, /*all=*/false);
+    const bool taken = trainer.reduce_boolean_decision(detail::path_exists(path) && path != previous, /*all=*/false);
     if (!taken) break;
     path = dirpath_ + "/" + name + "-v" + std::to_string(version) + ".ckpt";
   }
