@@ -46,6 +46,16 @@ struct Interrupted : Error {
   using Error::Error;
 };
 
+/// SIGTERM or SIGUSR1 reached fit (TrainerConfig::preemption): what on_exception receives; fit
+/// writes a checkpoint, then ends the process or returns with FitResult::preempted.
+struct Preempted : Interrupted {
+  Preempted(int signal, const std::string& what) : Interrupted(what), signal_(signal) {}
+  int signal() const noexcept { return signal_; }
+
+ private:
+  int signal_;
+};
+
 /// A collective failed or timed out: a peer process ended, or the ranks disagree on what to do.
 struct DistributedError : Error {
   using Error::Error;

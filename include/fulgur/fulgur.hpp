@@ -21,6 +21,7 @@
 
 #include "fulgur/checkpoint/io.hpp"
 #include "fulgur/checkpoint/state.hpp"
+#include "fulgur/checkpoint/stateful.hpp"
 #include "fulgur/device_guards.hpp"
 #include "fulgur/hooks.hpp"
 #include "fulgur/optimization.hpp"

@@ -31,6 +31,10 @@ struct FitResult {
   Metrics progress_bar_metrics{};  ///< the values logged with prog_bar = true
   std::string stop_reason{};       ///< e.g. "max_epochs=3 reached", "max_steps=100 reached"
   bool interrupted = false;        ///< fit stopped on SIGINT (Ctrl-C) after finishing the step under way
+  /// fit stopped on SIGTERM/SIGUSR1 after a batch and wrote checkpoint_path, which resumes exactly
+  /// (only seen with TrainerConfig::preemption.exit_process = false; interrupted is set too).
+  bool preempted = false;
+  std::string checkpoint_path{};
   std::vector<std::string> warnings{};  ///< also printed on global rank 0 (a NaN validation loss, ...)
 };
 

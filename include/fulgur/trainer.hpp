@@ -18,6 +18,8 @@
 #include <torch/utils.h>
 
 #include <concepts>
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <span>
@@ -34,6 +36,7 @@
 #include "fulgur/compatibility.hpp"
 #include "fulgur/concepts/training_module.hpp"
 #include "fulgur/checkpoint/io.hpp"
+#include "fulgur/checkpoint/stateful.hpp"
 #include "fulgur/data/batch.hpp"
 #include "fulgur/detail/files.hpp"
 #include "fulgur/data/tensor_loader.hpp"
@@ -349,9 +352,16 @@ class Trainer {
   /// under TrainerConfig::default_root_dir.
   void save(const std::string& path, const StateDict& state) { strategy_.save_checkpoint(resolve(path), state); }
   StateDict load(const std::string& path) { return strategy_.load_checkpoint(resolve(path)); }
+  /// Lightning's fabric.save(path, state) / fabric.load(path, state, strict): the named objects'
+  /// states, written; read back into the same objects in place, returning what else the file holds.
+  void save(const std::string& path, const CheckpointState& state) { save(path, state.collect(*this)); }
+  StateDict load(const std::string& path, const CheckpointState& state, bool strict = true) {
+    return state.restore(*this, load(path), resolve(path), strict);
+  }
   /// A path as save and load take it: a relative one under TrainerConfig::default_root_dir.
   std::string resolve_path(const std::string& path) const { return resolve(path); }
   /// The states a checkpoint holds, each through its policy.
+  StateDict module_state(const torch::nn::Module& module) const { return checkpoint::module_state_dict(module); }
   StateDict optimizer_state(torch::optim::Optimizer& optimizer) { return strategy_.get_optimizer_state(optimizer); }
   void load_optimizer_state(torch::optim::Optimizer& optimizer, const StateDict& state) {
     checkpoint::load_optimizer_state_dict(optimizer, state);
@@ -447,10 +457,13 @@ class Trainer {
                              "batch_idx); add one, or call fit without validation data.");
     if constexpr (trainable && validates) {
       if (options.ckpt_path == "last") options.ckpt_path = last_checkpoint();
+      options.ckpt_path = preemption_checkpoint(options.ckpt_path);
       auto loop = std::make_shared<loops::FitLoop<Trainer, Module, TrainData, ValData>>(*this, module, train_data,
                                                                                        val_data, std::move(options));
       fit_checkpointing_ = loop;  // kept after fit: save_checkpoint then writes the final state
-      return loop->run();
+      FitResult result = loop->run();
+      if (result.preempted && config_.preemption.exit_process) end_preempted_process();
+      return result;
     } else {
       return {};
     }
@@ -532,6 +545,36 @@ class Trainer {
                    "will be loaded." << std::endl;
     return newest;
   }
+  /// ckpt_path = "hpc": the newest hpc_ckpt_{n}.ckpt that a preemption wrote in default_root_dir
+  /// (an error if there is none). No ckpt_path in a SLURM batch job with auto_requeue: that one if
+  /// it exists, so a requeued job goes on where it stopped (Lightning's auto-resume).
+  std::string preemption_checkpoint(const std::string& ckpt_path) {
+    const bool automatic = ckpt_path.empty() && config_.preemption.enabled && config_.preemption.auto_requeue &&
+                           detail::in_slurm_batch_job();
+    if (ckpt_path != "hpc" && !automatic) return ckpt_path;
+    const std::string found = detail::hpc_checkpoint(config_.default_root_dir, /*next=*/false);
+    if (found.empty() && !automatic)
+      throw CheckpointError("fulgur: `fit(..., {.ckpt_path = \"hpc\"})` is set but no HPC checkpoint was found "
+                            "(hpc_ckpt_{n}.ckpt in default_root_dir '" + config_.default_root_dir + "'). Pass the "
+                            "path of a checkpoint, or leave ckpt_path empty to start afresh.");
+    if (!found.empty() && is_global_zero())
+      std::cerr << "fulgur: resuming from the preemption checkpoint " << found << std::endl;
+    return found;
+  }
+
+  /// TrainerConfig::preemption.exit_process: the loop has saved and shut down; the policies let go
+  /// of what they hold (the process group, the device) and the process ends with the code a
+  /// scheduler or script reads as "try again".
+  [[noreturn]] void end_preempted_process() {
+    precision_.teardown();
+    strategy_.teardown();
+    accelerator_.teardown();
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+    std::exit(config_.preemption.exit_code);
+  }
+
   std::string resolve(const std::string& path) const {
     if (path.empty() || path.front() == '/' || config_.default_root_dir == ".") return path;
     return config_.default_root_dir + "/" + path;

@@ -9,6 +9,8 @@
 #include <string>
 #include <variant>
 
+#include "fulgur/preemption.hpp"
+
 namespace fulgur {
 
 enum class GradientClipAlgorithm { norm, value };
@@ -50,6 +52,21 @@ class BatchAmount {
   std::optional<double> fraction_{};
 };
 
+/// What fit does on SIGTERM or SIGUSR1 — what SLURM (`--signal=USR1@90`), Kubernetes and
+/// torchrun's agent send before they end a job: it finishes the batch under way (under DDP the ranks
+/// agree at the next log step or epoch end), writes a checkpoint that resumes exactly
+/// (default_root_dir/hpc_ckpt_{n}.ckpt, Lightning's name), requeues a SLURM job, and ends the process
+/// with exit_code. The next run continues with FitOptions{.ckpt_path = "hpc"}, or by itself under
+/// SLURM (Lightning's auto-resume).
+struct PreemptionOptions {
+  bool enabled = true;       ///< false: SIGTERM and SIGUSR1 keep their actions during fit
+  bool auto_requeue = true;  ///< in a SLURM batch job: `scontrol requeue` after the save (global rank 0)
+  /// true: after the save, the Trainer tears down and calls std::exit(exit_code) (Lightning raises
+  /// SystemExit); false: fit returns with FitResult::preempted and the checkpoint's path.
+  bool exit_process = true;
+  int exit_code = preempted_exit_code;  ///< 75, EX_TEMPFAIL: a launcher or script can tell "try again"
+};
+
 struct TrainerConfig {
   // ---- how long --------------------------------------------------------------------------------
   std::optional<std::int64_t> max_epochs{};  ///< unset with max_steps = -1: 1000, as in Lightning; -1: no limit
@@ -85,6 +102,7 @@ struct TrainerConfig {
   /// Ctrl-C (SIGINT) during fit: finish the step under way, run on_exception and teardown, flush the
   /// loggers and return with FitResult::interrupted (a second Ctrl-C ends the process at once).
   bool handle_interrupt = true;
+  PreemptionOptions preemption{};  ///< SIGTERM / SIGUSR1: checkpoint, requeue, exit (see PreemptionOptions)
 };
 
 /// Whether Trainer::setup_module also lets the strategy prepare the module for training (DDP:

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "fulgur/errors.hpp"
+#include "fulgur/preemption.hpp"
 
 extern char** environ;
 
@@ -149,17 +150,17 @@ void fork_workers(const LaunchPlan& plan, std::vector<std::vector<std::string>>&
   }
   sigset_t forwarded, previous;
   sigemptyset(&forwarded);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&forwarded, sig);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1}) sigaddset(&forwarded, sig);
   ::sigprocmask(SIG_BLOCK, &forwarded, &previous);
   ::signal(SIGCHLD, SIG_DFL);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) ::signal(sig, forward_signal);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1}) ::signal(sig, forward_signal);
   const pid_t supervisor = ::getpid();
   for (int local = 0; local < plan.processes_per_node; ++local) {
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != supervisor) std::_Exit(126);  // the supervisor is already gone
-      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) ::signal(sig, SIG_DFL);
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1}) ::signal(sig, SIG_DFL);
       ::sigprocmask(SIG_SETMASK, &previous, nullptr);
       ::execve("/proc/self/exe", argv.data(), envps[static_cast<std::size_t>(local)].data());
       std::_Exit(127);
@@ -182,6 +183,8 @@ struct Failure {
   int status = 0;
 };
 
+int preempted = 0;  // workers that ended with preempted_exit_code
+
 /// Waits for every worker. A failed worker's peers get a grace period to notice and report it
 /// themselves (their lost-rank probe takes ~2.5 s), then SIGTERM, then SIGKILL.
 Failure supervise(const LaunchPlan& plan, int node_rank) {
@@ -201,7 +204,10 @@ Failure supervise(const LaunchPlan& plan, int node_rank) {
       workers[local].store(-1);
       --running;
       if (done < 0) status = -1;  // not ours to reap any more: count it as failed
-      const bool failed = !(done > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      const bool exited = done > 0 && WIFEXITED(status);
+      if (exited && WEXITSTATUS(status) == preempted_exit_code) ++preempted;
+      // A preempted rank saved with the others and ends before them: not a failure.
+      const bool failed = !(exited && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == preempted_exit_code));
       if (!failed || failure.rank >= 0 || forwarded_signal.load() != 0) continue;
       failure = {node_rank * plan.processes_per_node + local, status};
       if (running > 0) {
@@ -244,6 +250,11 @@ void launch_local_workers(const LaunchPlan& plan) {
     std::fprintf(stderr, "fulgur launcher: the run failed: rank %d ended with %s.\n", failure.rank,
                  describe_status(failure.status).c_str());
     std::exit(1);
+  }
+  if (preempted == plan.processes_per_node) {
+    std::fprintf(stderr, "fulgur launcher: the ranks were preempted and wrote a checkpoint to resume from; exit "
+                         "code %d.\n", preempted_exit_code);
+    std::exit(preempted_exit_code);
   }
   if (const int signal = forwarded_signal.load()) {
     std::fprintf(stderr, "fulgur launcher: stopped by signal %d.\n", signal);

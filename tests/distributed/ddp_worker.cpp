@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <chrono>
+#include <fstream>
+#include <thread>
 #include <limits>
 #include <cstdlib>
 #include <iostream>
@@ -278,7 +281,9 @@ TORCH_MODULE(Throwing);
 void fault() {
   auto [x, y] = dataset(4096);
   Throwing model;
-  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1000}), options());
+  // Preemption off: SIGTERM keeps its default action (launcher_faults.sh checks the forwarding).
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1000, .preemption = {.enabled = false}}),
+                                                         options());
   data::TensorLoader loader(x, y, {.batch_size = 8});
   std::cout << "rank " << my_rank << " training" << std::endl;
   try {
@@ -436,6 +441,44 @@ void launched() {
   }
 }
 
+// Preemption under the built-in launcher (preemption.sh): argv[2] = straight | run | resume,
+// argv[3] = the root folder. "run" trains slowly until the script's SIGTERM/SIGUSR1 ends it
+// (exit code 75 after the checkpoint); "straight" and "resume" (which finds the checkpoint by
+// itself: the script sets SLURM_JOB_ID) write the final weights to root/<mode>.weights.
+struct DropoutNetImpl : NetImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+    if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    return torch::nn::functional::cross_entropy(fc2(drop(torch::tanh(fc1(b.input)))), b.target);
+  }
+  torch::nn::Dropout drop{register_module("drop", torch::nn::Dropout(0.2))};
+  bool slow = false;
+};
+TORCH_MODULE(DropoutNet);
+
+void preempt(const std::string& mode, const std::string& root) {
+  torch::manual_seed(5);
+  auto [x, y] = dataset(512);
+  DropoutNet model;
+  model->slow = mode == "run";
+  Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(
+      config({.max_steps = 40, .accumulate_grad_batches = 2, .log_every_n_steps = 2, .default_root_dir = root}),
+      options());
+  my_rank = trainer.global_rank();
+  data::TensorLoader loader(x, y, {.batch_size = 16, .shuffle = true, .seed = 3});
+  std::cout << "rank " << my_rank << " training" << std::endl;
+  const auto result = trainer.fit(model, loader);
+  check(mode != "run", "the run was not preempted (no signal arrived in time)");
+  check(result.global_step == 40, "trained to max_steps: " + std::to_string(result.global_step));
+  if (trainer.is_global_zero()) {
+    std::ofstream out(root + "/" + mode + ".weights");
+    out << std::hexfloat;
+    for (const auto& p : model->parameters()) {
+      const at::Tensor flat = p.detach().flatten().contiguous();
+      for (std::int64_t i = 0; i < flat.numel(); ++i) out << flat[i].item<float>() << "\n";
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -455,6 +498,7 @@ int main(int argc, char** argv) {
     else if (scenario == "nonfinite") nonfinite();
     else if (scenario == "callbacks") callbacks();
     else if (scenario == "two_nodes") two_nodes();
+    else if (scenario == "preempt" && argc > 3) preempt(argv[2], argv[3]);
     else {
       std::cerr << "usage: ddp_worker collectives|parity|accumulation|unused|fault\n";
       return 2;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <cstdio>
 #include <algorithm>
 #include <limits>
@@ -48,13 +49,17 @@ struct ResumeNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(ResumeNet);
 
-/// Asks for a checkpoint at the end of the training batch number `at` (counted from 1 over the run).
+/// Asks for a checkpoint at the end of the training batch number `at` (counted from 1 over the run),
+/// or with `signal`, raises it there (a preemption).
 struct SaveAtBatch {
   std::int64_t at = -1;
   std::string path;
+  int signal = 0;
   std::int64_t seen = 0;
   void on_train_batch_end(TrainerView& trainer) {
-    if (++seen == at) trainer.save_checkpoint(path);
+    if (++seen != at) return;
+    if (signal != 0) std::raise(signal);
+    else trainer.save_checkpoint(path);
   }
 };
 
@@ -83,7 +88,7 @@ struct Run {
 
 template <class P>
 Run train(std::int64_t save_at, const std::string& path, const std::string& resume_from, std::int64_t inf_at,
-          std::int64_t max_steps = 12) {
+          std::int64_t max_steps = 12, int signal = 0, const std::string& root = ".") {
   torch::manual_seed(resume_from.empty() ? 7 : 99);  // a resumed run starts from other weights
   ResumeNet net;
   net->inf_at = inf_at;
@@ -93,9 +98,10 @@ Run train(std::int64_t save_at, const std::string& path, const std::string& resu
   data::TensorLoader val_data(vx, vy, {.batch_size = 8});
   Run run;
   TrainerConfig config{.max_steps = max_steps, .accumulate_grad_batches = 2, .val_check_interval = 4,
-                       .log_every_n_steps = 1, .enable_progress_bar = false};
+                       .log_every_n_steps = 1, .default_root_dir = root, .enable_progress_bar = false,
+                       .preemption = {.exit_process = false}};
   Trainer<CPU, Single, P, SaveAtBatch, RecordingLogger, EarlyStopping> trainer(
-      config, SaveAtBatch{save_at, path}, RecordingLogger{&run.logged},
+      config, SaveAtBatch{save_at, path, signal}, RecordingLogger{&run.logged},
       EarlyStopping(EarlyStoppingOptions{.monitor = "val_loss", .patience = 100}));
   run.result = trainer.fit(net, train_data, val_data, FitOptions{.ckpt_path = resume_from});
   run.weights = test::snapshot(*net);
@@ -141,6 +147,144 @@ TEMPLATE_TEST_CASE("a run stopped at any batch and resumed equals the run straig
   REQUIRE(::access(path.c_str(), F_OK) == 0);
   const Run resumed = train<TestType>(-1, "", path, inf_at);
   require_same_training(straight, resumed, /*from_step=*/batch / 2);
+}
+
+TEST_CASE("SIGTERM or SIGUSR1 during fit: a checkpoint at the batch boundary that resumes exactly", "[checkpoint][preemption]") {
+  const auto [signal, batch] = GENERATE(table<int, std::int64_t>({{SIGTERM, 3}, {SIGUSR1, 8}, {SIGTERM, 10}}));
+  INFO("signal " << signal << " in batch " << batch);
+  const std::string root = scratch_folder("preempted");
+  struct sigaction before {};
+  sigaction(SIGTERM, nullptr, &before);
+  const Run straight = train<FP16MixedPrecision>(-1, "", "", 1);
+  const Run stopped = train<FP16MixedPrecision>(batch, "", "", 1, 12, signal, root);
+  CHECK(stopped.result.preempted);
+  CHECK(stopped.result.interrupted);
+  CHECK(stopped.result.global_step == batch / 2);  // the batch finished, nothing after it ran
+  CHECK(stopped.result.checkpoint_path == root + "/hpc_ckpt_1.ckpt");
+  CHECK_THAT(stopped.result.stop_reason, Catch::StartsWith(signal == SIGTERM ? "preempted by SIGTERM" : "preempted by SIGUSR1"));
+  struct sigaction after {};
+  sigaction(SIGTERM, nullptr, &after);
+  CHECK(after.sa_handler == before.sa_handler);  // the handler is gone with fit
+  // The next run finds it by itself with ckpt_path "hpc" and ends as the straight run did.
+  const Run resumed = train<FP16MixedPrecision>(-1, "", "hpc", 1, 12, 0, root);
+  CHECK_FALSE(resumed.result.preempted);
+  require_same_training(straight, resumed, /*from_step=*/batch / 2);
+  // A second preemption writes the next number; "hpc" takes the newest.
+  const Run again = train<FP16MixedPrecision>(2, "", "", 1, 12, SIGTERM, root);
+  CHECK(again.result.checkpoint_path == root + "/hpc_ckpt_2.ckpt");
+}
+
+TEST_CASE("preemption: ckpt_path \"hpc\" without a checkpoint, and preemption off", "[checkpoint][preemption][errors]") {
+  const std::string root = scratch_folder("no_hpc");
+  CHECK_THROWS_WITH(train<FloatPrecision>(-1, "", "hpc", -1, 12, 0, root),
+                    Catch::Contains("no HPC checkpoint was found") && Catch::Contains(root));
+  // preemption.enabled = false leaves SIGTERM's action as it was during fit.
+  struct Probe {
+    sighandler_t* seen;
+    void on_train_start(TrainerView&) {
+      struct sigaction now {};
+      sigaction(SIGTERM, nullptr, &now);
+      *seen = now.sa_handler;
+    }
+  };
+  struct sigaction before {};
+  sigaction(SIGTERM, nullptr, &before);  // Catch2's own handler, or the default
+  sighandler_t with = nullptr, without = nullptr;
+  for (bool enabled : {true, false}) {
+    ResumeNet net;
+    auto [x, y] = test::classification_data(16, 3);
+    data::TensorLoader loader(x, y, {.batch_size = 8});
+    Trainer<CPU, Single, FloatPrecision, Probe> trainer(
+        TrainerConfig{.max_steps = 1, .enable_progress_bar = false, .preemption = {.enabled = enabled}},
+        Probe{enabled ? &with : &without});
+    trainer.fit(net, loader);
+  }
+  CHECK(with != before.sa_handler);
+  CHECK(without == before.sa_handler);
+}
+
+namespace {
+/// A user object with its own state (Lightning's _Stateful).
+struct Counter {
+  std::int64_t seen = 0;
+  StateDict state_dict() const {
+    StateDict s;
+    s.insert("seen", seen);
+    return s;
+  }
+  void load_state_dict(const StateDict& s) { seen = s.at("seen").toInt(); }
+};
+
+/// n steps of a hand-written loop on the Fabric-level verbs.
+template <class T>
+void hand_steps(T& trainer, test::Classifier& model, torch::optim::Optimizer& optimizer, std::int64_t& step,
+                Counter& counter, int n) {
+  auto [x, y] = test::classification_data(32, 5);
+  for (int i = 0; i < n; ++i, ++step, ++counter.seen) {
+    optimizer.zero_grad();
+    const at::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x.narrow(0, (step % 4) * 8, 8)),
+                                                                 y.narrow(0, (step % 4) * 8, 8));
+    trainer.backward(loss);
+    trainer.optimizer_step(optimizer);
+  }
+}
+}  // namespace
+
+TEST_CASE("Fabric-level save(path, state) and load(path, state): objects restored in place, the rest returned", "[checkpoint][fabric]") {
+  const std::string root = scratch_folder("fabric");
+  Trainer<CPU, Single, FloatPrecision> trainer(TrainerConfig{.default_root_dir = root, .enable_progress_bar = false});
+  torch::manual_seed(3);
+  test::Classifier model;
+  torch::optim::Adam adam(model->parameters(), 1e-2);
+  trainer.setup(model, adam);
+  std::int64_t step = 0;
+  double best = 0.25;
+  std::string note = "warm-up done";
+  Counter counter;
+  StateDict extra;
+  extra.insert("dataset", std::string("digits"));
+  hand_steps(trainer, model, adam, step, counter, 3);
+  trainer.save("run.ckpt", {{"model", model}, {"optimizer", adam}, {"step", step}, {"best", best}, {"note", note},
+                            {"counter", counter}, {"extra", extra}});
+  REQUIRE(::access((root + "/run.ckpt").c_str(), F_OK) == 0);
+  hand_steps(trainer, model, adam, step, counter, 3);
+  const std::vector<at::Tensor> straight = test::snapshot(*model);
+
+  // Another process, as it were: fresh objects, put back in place, and the loop goes on.
+  torch::manual_seed(4);
+  test::Classifier restored;
+  torch::optim::Adam restored_adam(restored->parameters(), 1e-2);
+  trainer.setup(restored, restored_adam);
+  std::int64_t restored_step = 0;
+  double restored_best = 0.0;
+  std::string restored_note;
+  Counter restored_counter;
+  const StateDict rest = trainer.load("run.ckpt", {{"model", restored}, {"optimizer", restored_adam},
+                                                   {"step", restored_step}, {"best", restored_best},
+                                                   {"note", restored_note}, {"counter", restored_counter}});
+  CHECK(restored_step == 3);
+  CHECK(restored_best == 0.25);
+  CHECK(restored_note == "warm-up done");
+  CHECK(restored_counter.seen == 3);
+  REQUIRE(rest.size() == 1);  // what no object took comes back
+  CHECK(StateDict(rest.at("extra").toGenericDict()).at("dataset").toStringRef() == "digits");
+  hand_steps(trainer, restored, restored_adam, restored_step, restored_counter, 3);
+  const std::vector<at::Tensor> resumed = test::snapshot(*restored);
+  for (std::size_t i = 0; i < straight.size(); ++i) CHECK(test::identical(straight[i], resumed[i]));  // Adam's moments came back
+
+  // strict: a name the file lacks is an error naming it and what the file holds; strict = false loads the rest.
+  std::int64_t epoch = 0;
+  CHECK_THROWS_WITH(trainer.load("run.ckpt", {{"step", restored_step}, {"epoch", epoch}}),
+                    Catch::Contains("'epoch'") && Catch::Contains("'optimizer'") && Catch::Contains("strict = false"));
+  restored_step = 0;
+  CHECK(trainer.load("run.ckpt", {{"step", restored_step}, {"epoch", epoch}}, /*strict=*/false).size() == 6);
+  CHECK(restored_step == 3);
+  // A value of another type, and a module that does not fit: errors naming the entry.
+  std::string wrong;
+  CHECK_THROWS_WITH(trainer.load("run.ckpt", {{"step", wrong}}), Catch::Contains("'step'") && Catch::Contains("a string"));
+  torch::nn::Linear other(3, 3);
+  CHECK_THROWS_AS(trainer.load("run.ckpt", {{"model", other}}), CheckpointError);
+  CHECK_THROWS_AS((CheckpointState{{"step", step}, {"step", restored_step}}), MisconfigurationError);
 }
 
 TEST_CASE("fit with max_steps mid-epoch, save_checkpoint after fit, resume to more steps: as one run", "[checkpoint][resume]") {

@@ -3,8 +3,9 @@
 // launcher, in the shape of torchrun's agent): the calling process becomes a supervisor that
 // re-executes this program once per local rank with torchrun's variables set (RANK, LOCAL_RANK,
 // WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), forwards SIGINT, SIGTERM,
-// SIGHUP and SIGQUIT to them, and waits. If a worker fails, the others are ended and the
-// supervisor exits non-zero naming the failing rank; otherwise it exits 0. It never returns.
+// SIGHUP, SIGQUIT and SIGUSR1 to them, and waits. If a worker fails, the others are ended and the
+// supervisor exits 1 naming the failing rank; if every worker was preempted (exit code 75, after
+// its checkpoint), it exits 75; otherwise 0. It never returns.
 //
 // Several nodes: start the program on each with NODE_RANK, MASTER_ADDR and MASTER_PORT set.
 namespace fulgur::distributed {

@@ -6,6 +6,7 @@
 #include <torch/data/example.h>
 #include <torch/nn/module.h>
 
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <iterator>
@@ -23,6 +24,7 @@
 #include "fulgur/detail/loss.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
+#include "fulgur/interrupt.hpp"
 #include "fulgur/step_context.hpp"
 #include "fulgur/trainer_config.hpp"
 
@@ -92,6 +94,27 @@ inline std::string position_text(std::string_view step, std::int64_t epoch, std:
                                  std::int64_t global_step) {
   return std::string(step) + " at epoch " + std::to_string(epoch) + ", batch " + std::to_string(batch_idx) +
          " (global_step " + std::to_string(global_step) + ")";
+}
+
+/// SIGINT or a preemption signal (interrupt.hpp), agreed on by every rank: the ranks call this at
+/// the same points, and stop together. Preemption wins (it needs a checkpoint); one collective when
+/// nothing happened, a second only when something did. Throws Interrupted or Preempted, whose text
+/// is "<what> <where>".
+template <class Fabric, class Where>
+void stop_if_signalled(Fabric& fabric, Where&& where) {
+  const int local_preemption = detail::preemption_signal();
+  const bool local_interrupt = detail::interrupt_requested();
+  bool any = local_preemption != 0 || local_interrupt;
+  bool preemption = local_preemption != 0;
+  if (fabric.world_size() > 1) {
+    any = fabric.reduce_boolean_decision(any, /*all=*/false);
+    if (any) preemption = fabric.reduce_boolean_decision(preemption, /*all=*/false);
+  }
+  if (!any) return;
+  if (!preemption) throw Interrupted("interrupted by SIGINT (Ctrl-C) " + std::string(where()));
+  const int signal = local_preemption != 0 ? local_preemption : SIGTERM;  // another rank's: say SIGTERM
+  throw Preempted(signal, std::string("preempted by ") + (signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM") + " " +
+                              std::string(where()));
 }
 
 inline std::string parameters_text(torch::nn::Module& module) {

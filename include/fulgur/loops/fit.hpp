@@ -35,6 +35,7 @@
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
 #include "fulgur/interrupt.hpp"
+#include "fulgur/preemption.hpp"
 #include "fulgur/loops/checkpointing.hpp"
 #include "fulgur/loops/common.hpp"
 #include "fulgur/loops/evaluation.hpp"
@@ -101,23 +102,33 @@ class FitLoop final : public detail::FitCheckpointing {
         val_(process_validation(fabric, val)) {}
 
   FitResult run() {
-    InterruptHandler interrupt_handler(config_.handle_interrupt);
+    InterruptHandler interrupt_handler(config_.handle_interrupt, config_.preemption.enabled);
     try {
       StateDict resumed = read_checkpoint();  // before any hook: a bad file fails fast
       set_up();
       if (!resumed.empty()) restore(resumed);
       hook_(hooks::on_fit_start);
       sanity_check();
-      stop_if_interrupted("the sanity check");
+      stop_if_interrupted("in the sanity check");
       if (max_batches_ != 0 && !done()) {  // nothing to train (limit 0, max_epochs 0, ...): Lightning's skip
         hook_(hooks::on_train_start);
         run_epochs();
-        stop_if_interrupted("the last epoch");  // a Ctrl-C in the last validation is not lost
+        stop_if_finished_run_interrupted();  // a Ctrl-C in the last validation is not lost
         hook_(hooks::on_train_end);
       }
       hook_(hooks::on_fit_end);
       hook_(hooks::teardown, Stage::fit);
       fabric_.callback_set().finalize_loggers("success");
+    } catch (const Preempted& e) {  // the batch finished: save where the run is, then shut down
+      const std::string path = write_preemption_checkpoint();
+      hook_(hooks::on_exception, e);
+      fabric_.callback_set().finalize_loggers("interrupted");
+      hook_(hooks::teardown, Stage::fit);
+      result_.interrupted = result_.preempted = true;
+      result_.checkpoint_path = path;
+      progress_.stop_reason = e.what();
+      warn(std::string("fulgur: ") + e.what() + "; wrote " + path + ", which the next fit continues exactly with "
+           "FitOptions{.ckpt_path = \"hpc\"} (under SLURM, by itself).");
     } catch (const Interrupted& e) {  // Ctrl-C: the step finished; shut down as Lightning does, and return
       hook_(hooks::on_exception, e);
       fabric_.callback_set().finalize_loggers("interrupted");
@@ -342,12 +353,38 @@ class FitLoop final : public detail::FitCheckpointing {
   void restore_random_state() { checkpoint::set_random_state(resume_rank_, "checkpoint '" + checkpoint_path_ + "'"); }
 
   /// Ctrl-C outside the training batches (which check it themselves): the same graceful stop.
+  /// Lightning's hpc_ckpt_{n}.ckpt in default_root_dir, the next n (rank 0's count); every rank
+  /// takes part (the random states are gathered). Then, in a SLURM batch job, the requeue.
+  std::string write_preemption_checkpoint() {
+    std::string name;
+    if (fabric_.is_global_zero()) {
+      const std::string folder = config_.default_root_dir;
+      const std::string path = detail::hpc_checkpoint(folder, /*next=*/true);
+      name = path.substr(folder.size() + 1);
+    }
+    if (fabric_.world_size() > 1) name = fabric_.broadcast(name);
+    write_checkpoint(name, /*weights_only=*/false);
+    if (config_.preemption.auto_requeue && detail::in_slurm_batch_job() && fabric_.is_global_zero())
+      warn("fulgur: " + detail::requeue_slurm_job() + ".");
+    return fabric_.resolve_path(name);
+  }
+
+  /// After the last epoch a Ctrl-C still ends fit as interrupted; a preemption signal does not
+  /// matter any more: the run is complete, nothing needs saving.
+  void stop_if_finished_run_interrupted() {
+    try {
+      stop_if_interrupted("in the last epoch");
+    } catch (const Preempted& e) {
+      if (detail::interrupt_requested()) throw Interrupted("interrupted by SIGINT (Ctrl-C) in the last epoch");
+      warn(std::string("fulgur: ") + e.what() + ", as training finished; fit completes normally.");
+    }
+  }
+
   void stop_if_interrupted(const char* where) {
-    bool interrupted = detail::interrupt_requested();
-    if (fabric_.world_size() > 1) interrupted = fabric_.reduce_boolean_decision(interrupted, /*all=*/false);
-    if (interrupted)
-      throw Interrupted("interrupted by SIGINT (Ctrl-C) in " + std::string(where) + " (epoch " +
-                        std::to_string(ctx_.current_epoch) + ", global_step " + std::to_string(progress_.global_step) + ")");
+    stop_if_signalled(fabric_, [&] {
+      return std::string(where) + " (epoch " + std::to_string(ctx_.current_epoch) + ", global_step " +
+             std::to_string(progress_.global_step) + ")";
+    });
   }
 
   static ValLoader process_validation(Fabric& fabric, ValData& val) {
@@ -526,6 +563,7 @@ class FitLoop final : public detail::FitCheckpointing {
       progress_.in_epoch = false;
       checkpoints_.set_busy(false);
       checkpoints_.flush();
+      if (!done()) stop_if_interrupted(("after epoch " + std::to_string(summary.epoch)).c_str());
     }
   }
 

@@ -137,14 +137,16 @@ class TrainingEpochLoop {
       validate(outcome.stepped);
       stop = stop || stop_requested();  // a stop asked for in validation (EarlyStopping) ends the run here
     }
-    check_interrupt(is_last);  // after the step and its validation: a Ctrl-C in either stops here
     if (outcome.step_ran) p_.schedulers.after_step(batch_idx, p_.views.callback, /*plateau=*/true);
     if (outcome.stepped) p_.hook.view()->set_logging_step(++p_.progress.batches_that_stepped);
     p_.progress.batches_in_epoch = batch_idx + 1;
     const BatchEnd ended = stop ? BatchEnd::stop_run : is_last ? BatchEnd::end_of_epoch : BatchEnd::go_on;
     // Saves asked for in this batch are written now that it is over; at an epoch's end (or a
     // stop), once the epoch is (fit.hpp).
-    if (ended == BatchEnd::go_on && p_.checkpoints.pending()) p_.checkpoints.flush();
+    if (ended == BatchEnd::go_on) {
+      if (p_.checkpoints.pending()) p_.checkpoints.flush();
+      check_signals(outcome.stepped);  // the batch is over: a checkpoint taken now resumes exactly
+    }
     return ended;
   }
 
@@ -173,19 +175,16 @@ class TrainingEpochLoop {
       p_.schedulers.after_epoch(p_.hook.ctx().current_epoch, p_.views.callback, /*plateau=*/false);
   }
 
-  /// Ctrl-C: one process stops after the batch; under DDP the ranks agree at log steps and an
-  /// epoch's last batch (one collective there, none per batch), so that they stop together.
-  void check_interrupt(bool is_last) {
-    bool interrupted = detail::interrupt_requested();
-    if (p_.fabric.world_size() > 1) {
-      const bool boundary = (p_.progress.batches_that_stepped + 1) % config_.log_every_n_steps == 0 || is_last;
-      if (!boundary) return;
-      interrupted = p_.fabric.reduce_boolean_decision(interrupted, /*all=*/false);
-    }
-    if (!interrupted) return;
+  /// Ctrl-C or a preemption signal: one process stops after the batch; under DDP the ranks agree
+  /// after each log step's batch (one collective there, none per batch), so that they stop
+  /// together. An epoch's last batch and a stop are left to fit, once the epoch is over.
+  void check_signals(bool stepped) {
+    if (p_.fabric.world_size() > 1 && !(stepped && p_.progress.batches_that_stepped % config_.log_every_n_steps == 0))
+      return;
     const StepContext& ctx = p_.hook.ctx();
-    throw Interrupted("interrupted by SIGINT (Ctrl-C) after " +
-                      position_text("training_step", ctx.current_epoch, ctx.batch_idx, p_.progress.global_step));
+    stop_if_signalled(p_.fabric, [&] {
+      return "after " + position_text("training_step", ctx.current_epoch, ctx.batch_idx, p_.progress.global_step);
+    });
   }
 
   /// Whether the run ends after this batch: max_steps, max_time, or a stop request once
