@@ -13,7 +13,6 @@
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
-#include <torch/csrc/jit/serialization/unpickler.h>
 #include <torch/serialize.h>
 #include <torch/serialize/archive.h>
 
@@ -24,7 +23,10 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <iterator>
+#include <limits>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <set>
@@ -151,9 +153,11 @@ void atomic_write(const std::string& path, const std::vector<char>& bytes) {
 
 namespace {
 /// A copy that torch.load reads anywhere: tensors detached, on the CPU (location 'cpu', so a machine
-/// without the training device reads them), and no larger than they are (a view of a bigger storage
-/// would write all of it).
-c10::IValue portable(const c10::IValue& value) {
+/// without the training device reads them), no larger than they are (a view of a bigger storage
+/// would write all of it), and no two viewing one storage as different element types (the pickler
+/// writes a storage once, with the first one's type, and the second would read past it; Python's
+/// torch.save refuses such tensors). `storages`: the element type each storage was written with.
+c10::IValue portable(const c10::IValue& value, std::unordered_map<const void*, c10::ScalarType>& storages) {
   if (value.isTensor()) {
     at::Tensor t = value.toTensor().detach();
     if (!t.defined()) return value;
@@ -161,12 +165,17 @@ c10::IValue portable(const c10::IValue& value) {
     if (!t.is_contiguous() || t.storage_offset() != 0 ||
         t.storage().nbytes() != static_cast<std::size_t>(t.numel()) * t.itemsize())
       t = t.contiguous().clone();
+    if (!storages.emplace(t.storage().unsafeGetStorageImpl(), t.scalar_type()).second &&
+        storages.at(t.storage().unsafeGetStorageImpl()) != t.scalar_type()) {
+      t = t.clone();
+      storages.emplace(t.storage().unsafeGetStorageImpl(), t.scalar_type());
+    }
     return t;
   }
   if (value.isGenericDict()) {
     const auto dict = value.toGenericDict();
     c10::impl::GenericDict out(dict.keyType(), dict.valueType());
-    for (const auto& item : dict) out.insert(item.key(), portable(item.value()));
+    for (const auto& item : dict) out.insert(item.key(), portable(item.value(), storages));
     return out;
   }
   if (value.isList()) {
@@ -174,12 +183,12 @@ c10::IValue portable(const c10::IValue& value) {
     // torch.jit._pickle.build_tensorlist & co., which weights-only loading refuses.
     const auto list = value.toList();
     c10::impl::GenericList out(c10::AnyType::get());
-    for (const c10::IValue element : list) out.push_back(portable(element));
+    for (const c10::IValue& element : list.vec()) out.push_back(portable(element, storages));
     return out;
   }
   if (value.isTuple()) {
     std::vector<c10::IValue> elements;
-    for (const auto& element : value.toTupleRef().elements()) elements.push_back(portable(element));
+    for (const auto& element : value.toTupleRef().elements()) elements.push_back(portable(element, storages));
     return c10::ivalue::Tuple::create(std::move(elements));
   }
   return value;
@@ -196,7 +205,8 @@ std::vector<char> to_bytes(const StateDict& state) {
                               /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
                               /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
-  pickler.pushIValue(portable(state.to_ivalue()));
+  std::unordered_map<const void*, c10::ScalarType> storages;
+  pickler.pushIValue(portable(state.to_ivalue(), storages));
   pickler.stop();
   std::vector<char> out;
   out.reserve(pickled.size());
@@ -213,13 +223,16 @@ std::vector<char> to_bytes(const StateDict& state) {
 // LibTorch's reader trusts the file: a data.pkl of a million TUPLE1 opcodes overflows the stack when
 // the tuples are freed, a tensor whose size or storage claims more bytes than its record reads past
 // the record, a forged memo index or string length allocates gigabytes, and a flipped bit in a tensor
-// loads silently (its zip reader skips the CRC-32). The reader below checks the zip, the pickle and
-// the tensors itself, so that such a file is a CheckpointError, never a crash or a wrong tensor.
+// loads silently (its zip reader skips the CRC-32); its unpickler cannot read Python's OrderedDict
+// (every module's state_dict) and knows no Python class. The reader below checks the zip, the pickle
+// and the tensors itself, so that such a file is a CheckpointError, never a crash or a wrong tensor,
+// and reads the pickle itself (LibTorch reads the zip): a dry run first (PickleCheck), then the values
+// (PickleReader), never running anything the pickle names.
 namespace {
 static_assert(std::endian::native == std::endian::little, "the zip and pickle readers below read little-endian");
 
 constexpr std::size_t kSmallestZip = 22;    // an empty zip is its end-of-central-directory record alone
-constexpr std::size_t kMaxNesting = 1000;   // containers within containers; LibTorch frees them recursively
+constexpr std::size_t kMaxNesting = 1000;   // containers within containers; IValues are freed recursively
 
 /// The messages: what is wrong with the file and what to do.
 struct Complaint {
@@ -238,6 +251,26 @@ struct Complaint {
   [[noreturn]] void corrupt(const std::string& problem) const {
     throw CheckpointError("fulgur: " + what + " is corrupt: " + problem +
                           ". Copy it again from where it was saved, or resume from an earlier checkpoint.");
+  }
+  [[noreturn]] void unreadable(const std::string& problem) const {
+    throw CheckpointError("fulgur: " + what + " holds " + problem +
+                          ". Save it in Python with that part converted to dictionaries, lists, tensors, numbers or "
+                          "strings.");
+  }
+  /// Python objects (class, where) in a load that refuses them.
+  [[noreturn]] void python_objects(const std::vector<std::pair<std::string, std::string>>& objects) const {
+    std::string list;
+    const std::size_t shown = std::min<std::size_t>(objects.size(), 6);
+    for (std::size_t i = 0; i < shown; ++i)
+      list += (i ? ", " : "") + objects[i].first +
+              (objects[i].second.empty() ? " (the whole file)" : " at " + objects[i].second);
+    if (objects.size() > shown) list += ", and " + std::to_string(objects.size() - shown) + " more";
+    throw CheckpointError(
+        "fulgur: " + what + " holds pickled Python objects, which have no C++ form: " + list +
+        ". fulgur never runs anything a checkpoint names; to read it with each such object as a dictionary of "
+        "its class and pickled contents ({\"__python__\": \"module.Class\", \"args\": ..., \"state\": ...}), pass "
+        "fulgur::checkpoint::LoadOptions{.python_objects = fulgur::checkpoint::PythonObjects::as_dicts} (a "
+        "Lightning checkpoint's hyperparameters or callback states; its weights are plain tensors either way).");
   }
 };
 
@@ -390,16 +423,86 @@ class MemoryReader final : public caffe2::serialize::ReadAdapterInterface {
   std::size_t size_;
 };
 
-/// A dry run of LibTorch's Unpickler (torch/csrc/jit/serialization/unpickler.cpp) over the opcodes it
-/// reads. Of each value it keeps only what proves that LibTorch stays in bounds: which container it
-/// is (to measure nesting and find a list that holds itself) and which global it names. It accepts
-/// what Python's torch.save and LibTorch's picklers write for dicts, lists, tuples, tensors, numbers
-/// and strings; anything else LibTorch would refuse too, or mishandle.
+/// The globals a checkpoint's pickle names, by what reading them does. Python's torch.save and
+/// LibTorch's pickler write the known ones; any other is a Python class or function (Object).
+enum class GlobalKind : std::uint8_t {
+  Tensor,          // torch._utils._rebuild_tensor_v2 (storage, offset, size, stride, requires_grad, hooks[, metadata])
+  TensorV3,        // torch._utils._rebuild_tensor_v3 (..., hooks, dtype[, metadata]): dtypes without a typed storage
+  QTensor,         // torch._utils._rebuild_qtensor (storage, offset, size, stride, qparams, requires_grad, hooks)
+  TensorFromType,  // torch._tensor._rebuild_from_type_v2 (rebuild, class, args, state): a tensor with Python attributes
+  Parameter,       // torch._utils._rebuild_parameter(_with_state) (tensor, requires_grad, hooks[, state])
+  TypeTag,         // torch.jit._pickle.restore_type_tag, build_*list: LibTorch's typed containers
+  Complex,         // builtins.complex (real, imag)
+  Device,          // torch.device (type[, index])
+  OrderedDict,     // collections.OrderedDict: a dictionary (every module's state_dict is one)
+  Storage,         // torch.FloatStorage & co., torch.storage.UntypedStorage: a storage's element type
+  Dtype,           // torch.float32 & co.: _rebuild_tensor_v3's element type
+  QScheme,         // torch.per_tensor_affine & co.: _rebuild_qtensor's scheme
+  Object,          // anything else
+};
+
+struct GlobalName {
+  std::string qualified;  // "module.name", as Python 3 names it
+  GlobalKind kind = GlobalKind::Object;
+  c10::ScalarType type = c10::ScalarType::Undefined;  // of a Storage or a Dtype
+  at::QScheme qscheme = at::kPerTensorAffine;         // of a QScheme
+};
+
+GlobalName classify(const std::string& module_name, const std::string& name) {
+  static const auto storages = [] {
+    std::unordered_map<std::string, c10::ScalarType> out;
+    for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions); ++i) {
+      const auto type = static_cast<c10::ScalarType>(i);
+      if (type != c10::ScalarType::Undefined) out.emplace(std::string(c10::toString(type)) + "Storage", type);
+    }
+    return out;
+  }();
+  // Protocol 2 writes Python 2's module names (fix_imports), which Python 3 reads as these.
+  const std::string module = module_name == "__builtin__" ? "builtins" : module_name == "copy_reg" ? "copyreg" : module_name;
+  GlobalName g{module + "." + name};
+  const auto is = [&](GlobalKind kind) { g.kind = kind; };
+  if (module == "torch._utils") {
+    if (name == "_rebuild_tensor_v2") is(GlobalKind::Tensor);
+    else if (name == "_rebuild_tensor_v3") is(GlobalKind::TensorV3);
+    else if (name == "_rebuild_qtensor") is(GlobalKind::QTensor);
+    else if (name == "_rebuild_parameter" || name == "_rebuild_parameter_with_state") is(GlobalKind::Parameter);
+  } else if (module == "torch._tensor" && name == "_rebuild_from_type_v2") {
+    is(GlobalKind::TensorFromType);
+  } else if (module == "torch.jit._pickle" && (name == "restore_type_tag" || name == "build_intlist" ||
+                                              name == "build_tensorlist" || name == "build_doublelist" ||
+                                              name == "build_boollist")) {
+    is(GlobalKind::TypeTag);
+  } else if (module == "builtins" && name == "complex") {
+    is(GlobalKind::Complex);
+  } else if (module == "collections" && name == "OrderedDict") {
+    is(GlobalKind::OrderedDict);
+  } else if ((module == "torch.storage" || module == "torch") && name == "UntypedStorage") {
+    is(GlobalKind::Storage), g.type = c10::ScalarType::Byte;
+  } else if (module == "torch") {
+    const auto& dtypes = c10::getStringToDtypeMap();
+    if (name == "device") {
+      is(GlobalKind::Device);
+    } else if (const auto s = storages.find(name); s != storages.end()) {
+      is(GlobalKind::Storage), g.type = s->second;
+    } else if (const auto d = dtypes.find(name); d != dtypes.end()) {
+      is(GlobalKind::Dtype), g.type = d->second;
+    } else {
+      for (int i = 0; i < at::COMPILE_TIME_NUM_QSCHEMES; ++i)
+        if (name == c10::toString(static_cast<at::QScheme>(i))) is(GlobalKind::QScheme), g.qscheme = static_cast<at::QScheme>(i);
+    }
+  }
+  return g;
+}
+
+/// A dry run of PickleReader (below) over the opcodes it reads, before it builds anything. Of each
+/// value it keeps only what proves that building and freeing the result stays in bounds: which
+/// container it is (to measure nesting and find a container that holds itself) and which global it
+/// names. A Python object is a container too: its arguments, state and entries are what it holds.
 class PickleCheck {
  public:
   PickleCheck(const unsigned char* data, std::size_t size) : data_(data), size_(size) {}
 
-  /// "" when LibTorch can read the pickle safely, or what is wrong with it.
+  /// "" when the pickle can be read safely, or what is wrong with it.
   std::string problem() {
     try {
       run();
@@ -417,12 +520,14 @@ class PickleCheck {
     std::uint32_t index = 0;  // of the global or the container
     std::int64_t value = 0;   // of an Int
   };
-  // What calling a global (REDUCE / BUILD) leaves on the stack.
-  enum class Call : std::uint8_t { Tensor, TensorFromType, FirstElement, Value, NewDict };
+  enum class Shape : std::uint8_t { Plain, OrderedDict, Object };
+  static constexpr std::uint32_t kNone = UINT32_MAX;
   struct Container {
     Slot first, second;  // of a tuple: restore_type_tag and build_*list return the first; a storage's
                          // second is its element type
     std::size_t size = 0;
+    Shape shape = Shape::Plain;
+    std::uint32_t items = kNone, list = kNone;  // an object's dictionary and list entries
   };
 
   [[noreturn]] void fail(const std::string& problem) const {
@@ -431,7 +536,7 @@ class PickleCheck {
   }
   std::uint64_t read(int bytes) {
     if (!fits(pos_, static_cast<std::uint64_t>(bytes), size_)) fail("ends in the middle of an opcode");
-    const std::uint64_t v = le(data_ + pos_, bytes);
+    const std::uint64_t v = bytes == 0 ? 0 : le(data_ + pos_, bytes);
     pos_ += static_cast<std::size_t>(bytes);
     return v;
   }
@@ -448,10 +553,23 @@ class PickleCheck {
     marks_.pop_back();
     return start;
   }
-  Slot new_container() {
-    if (containers_.size() >= UINT32_MAX) fail("holds too many containers");
+  Slot new_container(Shape shape = Shape::Plain) {
+    if (containers_.size() >= kNone) fail("holds too many containers");
     containers_.push_back({});
+    containers_.back().shape = shape;
     return {Kind::Container, static_cast<std::uint32_t>(containers_.size() - 1)};
+  }
+  /// Where SETITEMS and APPENDS put entries: the dict or list itself, or an object's "items" or "list".
+  Slot entries_of(Slot target, bool list) {
+    if (target.kind != Kind::Container) fail("adds items to something that is not a list or dictionary");
+    if (containers_[target.index].shape != Shape::Object) return target;
+    std::uint32_t sub = list ? containers_[target.index].list : containers_[target.index].items;
+    if (sub == kNone) {
+      sub = new_container().index;
+      (list ? containers_[target.index].list : containers_[target.index].items) = sub;
+      edges_.push_back({target.index, sub});
+    }
+    return {Kind::Container, sub};
   }
   /// The stack's values from `from` on go into `target` (a list, dict or tuple).
   void add(Slot target, std::size_t from) {
@@ -469,6 +587,12 @@ class PickleCheck {
     stack_.resize(from);
     stack_.push_back(t);
   }
+  /// A Python object made from `argument` (its "args").
+  Slot object(Slot argument) {
+    const Slot o = new_container(Shape::Object);
+    if (argument.kind == Kind::Container) edges_.push_back({o.index, argument.index});
+    return o;
+  }
   std::string line() {  // a GLOBAL's module or name: a Python identifier ended by '\n'
     const std::size_t start = pos_;
     while (pos_ < size_ && data_[pos_] != '\n') {
@@ -479,66 +603,46 @@ class PickleCheck {
     if (pos_ == size_ || pos_ == start) fail("names a global that is not a Python identifier");
     return std::string(reinterpret_cast<const char*>(data_ + start), pos_++ - start);
   }
-  void call(Call c) {
-    globals_.push_back(c);
-    stack_.push_back({Kind::Global, static_cast<std::uint32_t>(globals_.size() - 1)});
-  }
   void global() {
     const std::string module = line(), name = line();
-    if (skip_globals_ > 0 && --skip_globals_ == 0) {
-      // The second global after _rebuild_from_type_v2 (the tensor's class) stands for the first.
-      stack_.push_back({Kind::Global, static_cast<std::uint32_t>(globals_.size() - 1)});
-      return;
-    }
-    const bool rebuild_tensor = module == "torch._utils" && (name == "_rebuild_tensor_v2" || name == "_rebuild_qtensor");
-    if (skip_globals_ == 1 && !rebuild_tensor) fail("holds a tensor subclass that LibTorch cannot rebuild");
-    if (rebuild_tensor) {
-      call(Call::Tensor);
-    } else if (module == "torch._tensor" && name == "_rebuild_from_type_v2") {
-      call(Call::TensorFromType);
-      skip_globals_ = 2;
-    } else if (module == "torch.jit._pickle" &&
-               (name == "restore_type_tag" || name == "build_intlist" || name == "build_tensorlist" ||
-                name == "build_doublelist" || name == "build_boollist")) {
-      call(Call::FirstElement);
-    } else if ((module == "builtins" && name == "complex") || (module == "torch" && name == "device")) {
-      call(Call::Value);
-    } else if (module == "collections" && name == "OrderedDict") {
-      call(Call::NewDict);
-    } else if (module == "torch") {
-      stack_.push_back({});  // torch.FloatStorage and the like: a valid number, LibTorch checks the name
-    } else {
-      fail("refers to " + module + "." + name +
-           ", which is not part of a dictionary of tensors, numbers and strings (a pickled Python object, or a "
-           "TorchScript module?)");
-    }
+    globals_.push_back(classify(module, name).kind);
+    stack_.push_back({Kind::Global, static_cast<std::uint32_t>(globals_.size() - 1)});
   }
-  void reduce() {
+  void reduce() {  // function(*argument)
     need(2);
     const Slot function = stack_[stack_.size() - 2], argument = stack_.back();
     stack_.resize(stack_.size() - 2);
     if (function.kind != Kind::Global) fail("calls something that is not a global");
     switch (globals_[function.index]) {
-      case Call::TensorFromType:
-        // LibTorch calls the global that follows it without checking that there is one.
-        if (function.index + 1 >= globals_.size() || globals_[function.index + 1] != Call::Tensor)
-          fail("holds a tensor subclass that LibTorch cannot rebuild");
-        [[fallthrough]];
-      case Call::Tensor:
-      case Call::Value:
-        stack_.push_back({});
-        break;
-      case Call::FirstElement:
+      case GlobalKind::TypeTag:
         stack_.push_back(argument.kind == Kind::Container ? containers_[argument.index].first : Slot{});
         break;
-      case Call::NewDict:
-        stack_.push_back(new_container());
+      case GlobalKind::OrderedDict: stack_.push_back(new_container(Shape::OrderedDict)); break;
+      case GlobalKind::Storage: case GlobalKind::Dtype: case GlobalKind::QScheme: case GlobalKind::Object:
+        stack_.push_back(object(argument));
         break;
+      default: stack_.push_back({}); break;  // a tensor, a complex number, a device
     }
   }
+  void new_object() {  // NEWOBJ: cls.__new__(cls, *args)
+    need(2);
+    const Slot cls = stack_[stack_.size() - 2], args = stack_.back();
+    stack_.resize(stack_.size() - 2);
+    if (cls.kind != Kind::Global) fail("creates an instance of something that is not a class");
+    stack_.push_back(globals_[cls.index] == GlobalKind::OrderedDict ? new_container(Shape::OrderedDict) : object(args));
+  }
+  void build() {  // BUILD: the object below gets the state on top
+    need(2);
+    const Slot target = stack_[stack_.size() - 2], state = stack_.back();
+    stack_.pop_back();
+    if (target.kind != Kind::Container || containers_[target.index].shape == Shape::Plain)
+      fail("sets the state of something that is not a Python object");
+    if (containers_[target.index].shape == Shape::Object && state.kind == Kind::Container)
+      edges_.push_back({target.index, state.index});
+  }
   void integer(std::int64_t v) { stack_.push_back({Kind::Int, 0, v}); }
-  /// ('storage', element type, key, location, count) -> a tensor. LibTorch casts the element type to
-  /// c10::ScalarType unchecked (in a release build) and indexes its type tables with it.
+  /// ('storage', element type, key, location, count) -> a storage. An element type given as a number
+  /// must be one of c10::ScalarType's.
   void storage() {
     need(1);
     const Slot t = stack_.back();
@@ -556,7 +660,7 @@ class PickleCheck {
   }
   void memo_put(std::uint64_t id) {
     need(1);
-    if (id > size_) fail("writes a memo entry far beyond any pickler's numbering");  // LibTorch would allocate up to it
+    if (id > size_) fail("writes a memo entry far beyond any pickler's numbering");  // the memo would be allocated up to it
     if (id >= memo_.size()) memo_.resize(id + 1);
     memo_[id] = stack_.back();
   }
@@ -575,9 +679,12 @@ class PickleCheck {
         case 'M': integer(static_cast<std::int64_t>(read(2))); break;              // BININT2
         case 'J': integer(static_cast<std::int32_t>(read(4))); break;              // BININT
         case 'G': skip(8), stack_.push_back({}); break;                            // BINFLOAT
-        case 0x8a: {                                                               // LONG1 (LibTorch: 8 bytes only)
-          if (read(1) != 8) fail("holds an integer longer than 64 bits");
-          integer(static_cast<std::int64_t>(read(8)));
+        case 0x8a: {                                                               // LONG1
+          const int n = static_cast<int>(read(1));
+          if (n > 8) fail("holds an integer longer than 64 bits");
+          std::uint64_t v = read(n);
+          if (n > 0 && n < 8 && (v >> (8 * n - 1)) & 1) v |= ~std::uint64_t{0} << (8 * n);
+          integer(static_cast<std::int64_t>(v));
         } break;
         case 'X': skip(read(4)), stack_.push_back({}); break;                      // BINUNICODE
         case 0x8d: skip(read(8)), stack_.push_back({}); break;                     // BINUNICODE8
@@ -590,13 +697,13 @@ class PickleCheck {
         case 't': tuple(pop_mark()); break;                                        // TUPLE
         case 'a': {                                                                // APPEND
           need(2);
-          add(stack_[stack_.size() - 2], stack_.size() - 1);
+          add(entries_of(stack_[stack_.size() - 2], true), stack_.size() - 1);
           stack_.pop_back();
         } break;
         case 'e': {                                                                // APPENDS
           const std::size_t start = pop_mark();
           if (start == 0) fail("appends to nothing");
-          add(stack_[start - 1], start);
+          add(entries_of(stack_[start - 1], true), start);
           stack_.resize(start);
         } break;
         case 'l': {                                                                // LIST
@@ -610,14 +717,14 @@ class PickleCheck {
           const std::size_t start = pop_mark();
           if ((stack_.size() - start) % 2 != 0) fail("holds a key without a value");
           if (op == 'u' && start == 0) fail("sets items of nothing");
-          const Slot dict = op == 'd' ? new_container() : stack_[start - 1];
+          const Slot dict = op == 'd' ? new_container() : entries_of(stack_[start - 1], false);
           add(dict, start);
           stack_.resize(start);
           if (op == 'd') stack_.push_back(dict);
         } break;
         case 's': {                                                                // SETITEM
           need(3);
-          add(stack_[stack_.size() - 3], stack_.size() - 2);
+          add(entries_of(stack_[stack_.size() - 3], false), stack_.size() - 2);
           stack_.resize(stack_.size() - 2);
         } break;
         case 'h': memo_get(read(1)); break;                                        // BINGET
@@ -625,22 +732,23 @@ class PickleCheck {
         case 'q': memo_put(read(1)); break;                                        // BINPUT
         case 'r': memo_put(read(4)); break;                                        // LONG_BINPUT
         case 'c': global(); break;                                                 // GLOBAL
-        case 0x81: need(1), stack_.pop_back(); break;                              // NEWOBJ
-        case 'R': case 'b': reduce(); break;                                       // REDUCE BUILD
+        case 0x81: new_object(); break;                                            // NEWOBJ
+        case 'R': reduce(); break;                                                 // REDUCE
+        case 'b': build(); break;                                                  // BUILD
         case 'Q': storage(); break;                                                // BINPERSID
         case '.': return;                                                          // STOP
         default: {
           char hex[8];
           std::snprintf(hex, sizeof hex, "0x%02x", op);
           --pos_;
-          fail(std::string("holds opcode ") + hex + ", which LibTorch cannot read");
+          fail(std::string("holds opcode ") + hex + ", which torch.save does not write (protocol 2)");
         }
       }
     }
   }
 
-  /// LibTorch frees nested containers recursively (and a container that holds itself never): bound
-  /// the depth of every container this pickle builds, reachable from the result or not.
+  /// Containers are freed recursively (and one that holds itself never): bound the depth of every
+  /// container this pickle builds, reachable from the result or not.
   void measure_nesting() {
     pos_ = size_;  // no byte to point at
     const std::size_t n = containers_.size();
@@ -691,54 +799,555 @@ class PickleCheck {
   std::vector<Slot> stack_;
   std::vector<std::size_t> marks_;
   std::vector<Slot> memo_;
-  std::vector<Call> globals_;
-  int skip_globals_ = 0;
+  std::vector<GlobalKind> globals_;
   std::vector<Container> containers_;
   std::vector<std::pair<std::uint32_t, std::uint32_t>> edges_;  // container -> container it holds
 };
 
-/// Every tensor's elements lie within its storage and every storage within the record it was read from
-/// (LibTorch sizes a storage by the pickle's element count and sets sizes, strides and offsets as given).
+/// What a checkpoint holds that fulgur reads but has no use for: a dictionary keyed by a Python
+/// object, a quantization scheme it cannot rebuild. Not corruption: the file is as it was written.
+struct Unreadable {
+  std::string problem;
+};
+
+/// "'a'['b'][3]": where a value is, for messages.
+std::string child_path(const std::string& where, const c10::IValue& key) {
+  if (key.isString()) return where.empty() ? "'" + key.toStringRef() + "'" : where + "['" + key.toStringRef() + "']";
+  if (key.isInt()) return where + "[" + std::to_string(key.toInt()) + "]";
+  return where + "[?]";
+}
+
+/// Builds what a pickle that PickleCheck passed stands for, as Python's unpickler would, without
+/// running anything: dicts (an OrderedDict too, its attributes dropped), lists, tuples, numbers,
+/// strings, complex numbers, devices, and tensors over the archive's records (a tensor subclass or a
+/// Parameter as the plain tensor). Any other global becomes a dictionary that names it
+/// ({"__python__": "module.name"}), and a call of it, an object: that dictionary with its "args", then
+/// its "state", "items" and "list" as the pickle gives them (PythonObjects::as_dicts).
+class PickleReader {
+ public:
+  /// The record "data/<key>" of the archive: its bytes and their count.
+  using RecordReader = std::function<std::pair<at::DataPtr, std::size_t>(const std::string& key)>;
+  /// Checks a tensor against its storage before it is used, not only once the pickle is read.
+  using TensorCheck = std::function<void(const at::Tensor& tensor, const std::string& what)>;
+
+  PickleReader(const unsigned char* data, std::size_t size, RecordReader read_record, TensorCheck check)
+      : data_(data), size_(size), read_record_(std::move(read_record)), check_(std::move(check)) {}
+
+  c10::IValue read() {
+    pos_ = 2;  // PickleCheck has seen the protocol
+    for (;;) {
+      if (pos_ >= size_) fail("ends before its STOP opcode");
+      const unsigned char op = data_[pos_++];
+      switch (op) {
+        case '(': marks_.push_back(stack_.size()); break;
+        case ')': stack_.emplace_back(c10::ivalue::Tuple::create(std::vector<c10::IValue>{})); break;
+        case 'N': stack_.emplace_back(); break;
+        case 0x88: stack_.emplace_back(true); break;
+        case 0x89: stack_.emplace_back(false); break;
+        case 'K': stack_.emplace_back(static_cast<std::int64_t>(read_le(1))); break;
+        case 'M': stack_.emplace_back(static_cast<std::int64_t>(read_le(2))); break;
+        case 'J': stack_.emplace_back(static_cast<std::int64_t>(static_cast<std::int32_t>(read_le(4)))); break;
+        case 'G': {  // big-endian
+          const std::uint64_t bits = __builtin_bswap64(read_le(8));
+          double v;
+          std::memcpy(&v, &bits, sizeof v);
+          stack_.emplace_back(v);
+        } break;
+        case 0x8a: {  // little-endian two's complement, 0 to 8 bytes
+          const int n = static_cast<int>(read_le(1));
+          if (n > 8) fail("holds an integer longer than 64 bits");
+          std::uint64_t v = read_le(n);
+          if (n > 0 && n < 8 && (v >> (8 * n - 1)) & 1) v |= ~std::uint64_t{0} << (8 * n);
+          stack_.emplace_back(static_cast<std::int64_t>(v));
+        } break;
+        case 'X': stack_.emplace_back(text(read_le(4))); break;
+        case 0x8d: stack_.emplace_back(text(read_le(8))); break;
+        case ']': stack_.emplace_back(c10::impl::GenericList(c10::AnyType::get())); break;
+        case '}': stack_.emplace_back(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get())); break;
+        case 0x85: case 0x86: case 0x87: {
+          const std::size_t n = op - 0x84u;
+          need(n);
+          tuple(stack_.size() - n);
+        } break;
+        case 't': tuple(pop_mark()); break;
+        case 'a': {
+          need(2);
+          append(stack_[stack_.size() - 2], stack_.size() - 1);
+          stack_.pop_back();
+        } break;
+        case 'e': {
+          const std::size_t start = pop_mark();
+          if (start == 0) fail("appends to nothing");
+          append(stack_[start - 1], start);
+          stack_.resize(start);
+        } break;
+        case 'l': {
+          const std::size_t start = pop_mark();
+          c10::IValue list = c10::impl::GenericList(c10::AnyType::get());
+          append(list, start);
+          stack_.resize(start);
+          stack_.push_back(std::move(list));
+        } break;
+        case 'd': {
+          const std::size_t start = pop_mark();
+          c10::IValue dict = c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get());
+          set_items(dict, start);
+          stack_.resize(start);
+          stack_.push_back(std::move(dict));
+        } break;
+        case 'u': {
+          const std::size_t start = pop_mark();
+          if (start == 0) fail("sets items of nothing");
+          set_items(stack_[start - 1], start);
+          stack_.resize(start);
+        } break;
+        case 's': {
+          need(3);
+          set_items(stack_[stack_.size() - 3], stack_.size() - 2);
+          stack_.resize(stack_.size() - 2);
+        } break;
+        case 'h': memo_get(read_le(1)); break;
+        case 'j': memo_get(read_le(4)); break;
+        case 'q': memo_put(read_le(1)); break;
+        case 'r': memo_put(read_le(4)); break;
+        case 'c': global(); break;
+        case 0x81: new_object(); break;
+        case 'R': reduce(); break;
+        case 'b': build(); break;
+        case 'Q': persistent_id(); break;
+        case '.':
+          if (stack_.size() != 1) fail("ends with " + std::to_string(stack_.size()) + " values instead of one");
+          return stack_.back();
+        default: {
+          --pos_;
+          fail("holds an opcode fulgur does not read");
+        }
+      }
+    }
+  }
+
+  /// The Python objects (and references to Python classes or functions) that `value` holds: the
+  /// name of each and where it is ("" for the whole value), in the order a walk of it meets them.
+  std::vector<std::pair<std::string, std::string>> python_objects(const c10::IValue& value) const {
+    std::vector<std::pair<std::string, std::string>> found;
+    std::unordered_set<const void*> seen;
+    find_objects(value, "", seen, found);
+    return found;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& problem) const {
+    throw "its data.pkl " + problem +
+        (pos_ < size_ ? " (byte " + std::to_string(pos_) + " of " + std::to_string(size_) + ")" : std::string());
+  }
+  std::uint64_t read_le(int bytes) {
+    if (!fits(pos_, static_cast<std::uint64_t>(bytes), size_)) fail("ends in the middle of an opcode");
+    const std::uint64_t v = bytes == 0 ? 0 : le(data_ + pos_, bytes);
+    pos_ += static_cast<std::size_t>(bytes);
+    return v;
+  }
+  std::string text(std::uint64_t n) {
+    if (!fits(pos_, n, size_)) fail("holds a string longer than the rest of the file");
+    std::string s(reinterpret_cast<const char*>(data_ + pos_), static_cast<std::size_t>(n));
+    pos_ += static_cast<std::size_t>(n);
+    return s;
+  }
+  std::string line() {
+    const std::size_t start = pos_;
+    while (pos_ < size_ && data_[pos_] != '\n') ++pos_;
+    if (pos_ == size_) fail("names a global that is not a Python identifier");
+    return std::string(reinterpret_cast<const char*>(data_ + start), pos_++ - start);
+  }
+  void need(std::size_t n) const {
+    if (stack_.size() < n) fail("takes more values than its stack holds");
+  }
+  c10::IValue pop() {
+    need(1);
+    c10::IValue v = std::move(stack_.back());
+    stack_.pop_back();
+    return v;
+  }
+  std::size_t pop_mark() {
+    if (marks_.empty() || marks_.back() > stack_.size()) fail("has a MARK that does not match");
+    const std::size_t start = marks_.back();
+    marks_.pop_back();
+    return start;
+  }
+  void tuple(std::size_t from) {
+    std::vector<c10::IValue> elements(std::make_move_iterator(stack_.begin() + static_cast<std::ptrdiff_t>(from)),
+                                      std::make_move_iterator(stack_.end()));
+    stack_.resize(from);
+    stack_.emplace_back(c10::ivalue::Tuple::create(std::move(elements)));
+  }
+  void memo_get(std::uint64_t id) {
+    if (id >= memo_.size()) fail("reads a memo entry it never wrote");
+    stack_.push_back(memo_[id]);
+  }
+  void memo_put(std::uint64_t id) {
+    need(1);
+    if (id > size_) fail("writes a memo entry far beyond any pickler's numbering");
+    if (id >= memo_.size()) memo_.resize(id + 1);
+    memo_[id] = stack_.back();
+  }
+
+  /// A dictionary that stands for a Python global, or an object of it, kept alive (its address is
+  /// its identity) until the reader is done.
+  c10::IValue named(const std::string& qualified) {
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    d.insert(std::string("__python__"), qualified);
+    made_.emplace_back(std::move(d));
+    return made_.back();
+  }
+  const GlobalName* global_of(const c10::IValue& v) const {
+    if (!v.isGenericDict()) return nullptr;
+    const auto it = globals_.find(v.internalToPointer());
+    return it == globals_.end() ? nullptr : &it->second;
+  }
+  bool is_object(const c10::IValue& v) const { return v.isGenericDict() && objects_.count(v.internalToPointer()) > 0; }
+
+  void global() {
+    const std::string module = line(), name = line();
+    GlobalName g = classify(module, name);
+    c10::IValue marker = named(g.qualified);
+    globals_.emplace(marker.internalToPointer(), std::move(g));
+    stack_.push_back(std::move(marker));
+  }
+  c10::IValue object(const std::string& qualified, c10::IValue args) {
+    c10::IValue o = named(qualified);
+    o.toGenericDict().insert(std::string("args"), std::move(args));
+    objects_.emplace(o.internalToPointer(), qualified);
+    return o;
+  }
+  c10::IValue ordered_dict() {
+    made_.emplace_back(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
+    ordered_dicts_.insert(made_.back().internalToPointer());
+    return made_.back();
+  }
+  /// An object's "items" or "list": where SETITEMS and APPENDS put a dict or list subclass's entries.
+  c10::IValue entries_of(const c10::IValue& o, bool list) {
+    auto d = o.toGenericDict();
+    const std::string key = list ? "list" : "items";
+    if (!d.contains(key)) {
+      if (list) d.insert(key, c10::impl::GenericList(c10::AnyType::get()));
+      else d.insert(key, c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
+    }
+    return d.at(key);
+  }
+
+  /// What a C++ dictionary can hold as a key: Python's hashable values that have a C++ form.
+  static bool usable_key(const c10::IValue& k) {
+    if (k.isNone() || k.isBool() || k.isInt() || k.isDouble() || k.isString() || k.isTensor() || k.isDevice()) return true;
+    if (!k.isTuple()) return false;
+    const auto& elements = k.toTupleRef().elements();
+    return std::all_of(elements.begin(), elements.end(), usable_key);
+  }
+  void set_items(c10::IValue target, std::size_t from) {
+    if ((stack_.size() - from) % 2 != 0) fail("holds a key without a value");
+    if (is_object(target)) target = entries_of(target, false);
+    if (!target.isGenericDict() || global_of(target) != nullptr) fail("sets items of something that is not a dictionary");
+    auto dict = target.toGenericDict();
+    for (std::size_t i = from; i < stack_.size(); i += 2) {
+      if (!usable_key(stack_[i])) {
+        const GlobalName* g = global_of(stack_[i]);
+        const auto o = stack_[i].isGenericDict() ? objects_.find(stack_[i].internalToPointer()) : objects_.end();
+        throw Unreadable{"a dictionary keyed by " +
+                         (g ? "the Python global " + g->qualified
+                            : o != objects_.end() ? "Python objects (" + o->second + ")"
+                                                  : std::string("values of kind ") + stack_[i].tagKind()) +
+                         ", which a C++ dictionary cannot hold as keys"};
+      }
+      dict.insert_or_assign(stack_[i], stack_[i + 1]);
+    }
+  }
+  void append(c10::IValue target, std::size_t from) {
+    if (is_object(target)) target = entries_of(target, true);
+    if (!target.isList()) fail("appends to something that is not a list");
+    auto list = target.toList();
+    for (std::size_t i = from; i < stack_.size(); ++i) list.push_back(stack_[i]);
+  }
+
+  void reduce() {
+    c10::IValue argument = pop(), function = pop();
+    const GlobalName* g = global_of(function);
+    if (g == nullptr) fail("calls something that is not a global");
+    const auto elements = [&](std::size_t least, const char* what) -> c10::ArrayRef<c10::IValue> {
+      if (!argument.isTuple() || argument.toTupleRef().elements().size() < least) fail(what);
+      return argument.toTupleRef().elements().asArrayRef();
+    };
+    switch (g->kind) {
+      case GlobalKind::Tensor: case GlobalKind::TensorV3: case GlobalKind::QTensor:
+        stack_.push_back(tensor(g->kind, argument));
+        break;
+      case GlobalKind::TensorFromType: {  // (rebuild, class, args, state): the tensor, without its class and attributes
+        const auto e = elements(3, "holds a tensor subclass that cannot be rebuilt");
+        const GlobalName* rebuild = global_of(e[0]);
+        if (rebuild == nullptr || !(rebuild->kind == GlobalKind::Tensor || rebuild->kind == GlobalKind::TensorV3 ||
+                                    rebuild->kind == GlobalKind::QTensor))
+          fail("holds a tensor subclass that cannot be rebuilt");
+        stack_.push_back(tensor(rebuild->kind, e[2]));
+      } break;
+      case GlobalKind::Parameter: {
+        const auto e = elements(1, "rebuilds a Parameter from nothing");
+        if (!e[0].isTensor()) fail("rebuilds a Parameter from something that is not a tensor");
+        stack_.push_back(e[0]);
+      } break;
+      case GlobalKind::TypeTag: stack_.push_back(elements(1, "tags the type of nothing")[0]); break;
+      case GlobalKind::Complex: {
+        const auto e = elements(2, "holds a complex number without its two parts");
+        if (!(e[0].isDouble() || e[0].isInt()) || !(e[1].isDouble() || e[1].isInt()))
+          fail("holds a complex number whose parts are not numbers");
+        stack_.emplace_back(c10::complex<double>(e[0].isInt() ? static_cast<double>(e[0].toInt()) : e[0].toDouble(),
+                                                 e[1].isInt() ? static_cast<double>(e[1].toInt()) : e[1].toDouble()));
+      } break;
+      case GlobalKind::Device: {
+        const auto e = elements(1, "holds a device without its type");
+        if (!e[0].isString()) fail("holds a device whose type is not a string");
+        c10::Device device(e[0].toStringRef());
+        if (e.size() > 1 && !e[1].isNone()) {
+          if (!e[1].isInt() || e[1].toInt() < 0 || e[1].toInt() > std::numeric_limits<c10::DeviceIndex>::max())
+            fail("holds a device whose index is not one");
+          device = c10::Device(device.type(), static_cast<c10::DeviceIndex>(e[1].toInt()));
+        }
+        stack_.emplace_back(device);
+      } break;
+      case GlobalKind::OrderedDict: stack_.push_back(ordered_dict()); break;  // OrderedDict(): its items follow
+      default: stack_.push_back(object(g->qualified, std::move(argument))); break;
+    }
+  }
+  void new_object() {  // NEWOBJ: cls.__new__(cls, *args)
+    c10::IValue args = pop(), cls = pop();
+    const GlobalName* g = global_of(cls);
+    if (g == nullptr) fail("creates an instance of something that is not a class");
+    stack_.push_back(g->kind == GlobalKind::OrderedDict ? ordered_dict() : object(g->qualified, std::move(args)));
+  }
+  void build() {  // BUILD: the object below gets the state on top
+    c10::IValue state = pop();
+    need(1);
+    const c10::IValue& target = stack_.back();
+    if (is_object(target)) target.toGenericDict().insert_or_assign(std::string("state"), std::move(state));
+    else if (!target.isGenericDict() || ordered_dicts_.count(target.internalToPointer()) == 0)
+      fail("sets the state of something that is not a Python object");
+    // An OrderedDict's state is its attributes: a state_dict's _metadata (module versions), not needed here.
+  }
+
+  /// BINPERSID ('storage', element type, key, location, count): a byte tensor over the record
+  /// data/<key> (each record read once, however many storages name it), its element type kept aside.
+  void persistent_id() {
+    const c10::IValue id = pop();
+    if (!id.isTuple() || id.toTupleRef().elements().size() < 5) fail("holds a persistent id that is not a storage");
+    const auto e = id.toTupleRef().elements().asArrayRef();
+    if (!e[0].isString() || e[0].toStringRef() != "storage" || !e[2].isString() || !e[3].isString() || !e[4].isInt())
+      fail("holds a persistent id that is not a storage");
+    c10::ScalarType type = c10::ScalarType::Undefined;
+    if (const GlobalName* g = global_of(e[1]); g != nullptr && g->kind == GlobalKind::Storage) type = g->type;
+    else if (e[1].isInt() && e[1].toInt() >= 0 && e[1].toInt() < static_cast<std::int64_t>(c10::ScalarType::Undefined))
+      type = static_cast<c10::ScalarType>(e[1].toInt());
+    else fail("holds a storage of unknown element type");
+    const std::int64_t count = e[4].toInt();
+    const auto item = static_cast<std::int64_t>(c10::elementSize(type));
+    if (count < 0 || count > (std::int64_t{1} << 62) / item) fail("holds a storage of " + std::to_string(count) + " elements");
+    const auto bytes = static_cast<std::size_t>(count * item);
+    at::Storage storage(c10::Storage::use_byte_size_t(), 0, at::DataPtr(), /*allocator=*/nullptr, /*resizable=*/false);
+    if (bytes > 0) {
+      const std::string& key = e[2].toStringRef();
+      auto record = records_.find(key);
+      if (record == records_.end()) {
+        auto [data, size] = read_record_(key);
+        record = records_.emplace(key, std::make_pair(std::make_shared<at::DataPtr>(std::move(data)), size)).first;
+      }
+      const auto& [data, size] = record->second;
+      if (size < bytes)
+        fail("holds a storage of " + std::to_string(count) + " " + c10::toString(type) + " elements (" +
+             std::to_string(bytes) + " bytes) in record 'data/" + key + "', which holds " + std::to_string(size) + " bytes");
+      // One storage per size a record is read as (Python's typed storages of one key share it), each
+      // over the record's bytes, which stay alive while any of them does.
+      auto& shared = storages_[key + "/" + std::to_string(bytes)];
+      if (!shared) {
+        void* bytes_at = data->get();
+        at::DataPtr view(bytes_at, new std::shared_ptr<at::DataPtr>(data),
+                         [](void* owner) { delete static_cast<std::shared_ptr<at::DataPtr>*>(owner); }, at::Device(at::kCPU));
+        shared = at::Storage(c10::Storage::use_byte_size_t(), bytes, std::move(view), /*allocator=*/nullptr, /*resizable=*/false);
+      }
+      storage = shared;
+    }
+    at::Tensor t = at::empty({0}, at::kByte);
+    t.set_(storage, 0, {static_cast<std::int64_t>(bytes)}, {1});
+    storage_types_.emplace(t.unsafeGetTensorImpl(), type);
+    made_.emplace_back(t);
+    stack_.emplace_back(std::move(t));
+  }
+
+  std::vector<std::int64_t> integers(const c10::IValue& v) const {
+    if (!v.isTuple()) fail("holds a tensor whose size or stride is not a tuple of integers");
+    std::vector<std::int64_t> out;
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      if (!e.isInt()) fail("holds a tensor whose size or stride is not a tuple of integers");
+      out.push_back(e.toInt());
+    }
+    return out;
+  }
+  /// A quantized tensor's empty shell, from _rebuild_qtensor's qparams.
+  at::Tensor quantized(c10::ScalarType type, const c10::IValue& qparams, const std::vector<std::int64_t>& sizes) {
+    if (!qparams.isTuple() || qparams.toTupleRef().elements().empty()) fail("holds quantization parameters that are not a tuple");
+    const auto q = qparams.toTupleRef().elements().asArrayRef();
+    at::QScheme scheme;
+    if (const GlobalName* g = global_of(q[0]); g != nullptr && g->kind == GlobalKind::QScheme) scheme = g->qscheme;
+    else if (q[0].isInt() && q[0].toInt() >= 0 && q[0].toInt() < at::COMPILE_TIME_NUM_QSCHEMES)
+      scheme = static_cast<at::QScheme>(q[0].toInt());
+    else fail("holds a quantized tensor of unknown scheme");
+    const auto options = at::TensorOptions().dtype(type);
+    if (scheme == at::kPerTensorAffine) {
+      if (q.size() < 3 || !(q[1].isDouble() || q[1].isInt()) || !q[2].isInt()) fail("holds malformed quantization parameters");
+      return at::_empty_affine_quantized({0}, options, q[1].isInt() ? static_cast<double>(q[1].toInt()) : q[1].toDouble(),
+                                         q[2].toInt());
+    }
+    if (scheme == at::kPerChannelAffine || scheme == at::kPerChannelAffineFloatQParams) {
+      if (q.size() < 4 || !q[1].isTensor() || !q[2].isTensor() || !q[3].isInt()) fail("holds malformed quantization parameters");
+      const at::Tensor& scales = q[1].toTensor();
+      const at::Tensor& zero_points = q[2].toTensor();
+      const std::int64_t axis = q[3].toInt();
+      check_(scales, "a quantized tensor's scales");
+      check_(zero_points, "a quantized tensor's zero points");
+      if (axis < 0 || axis >= static_cast<std::int64_t>(sizes.size()) || scales.dim() != 1 || zero_points.dim() != 1 ||
+          scales.numel() != sizes[axis] || zero_points.numel() != sizes[axis])
+        fail("holds per-channel quantization parameters that do not match the tensor's shape");
+      return at::_empty_per_channel_affine_quantized({0}, scales, zero_points, axis, options);
+    }
+    throw Unreadable{"a quantized tensor of scheme " + c10::toString(scheme) + ", which fulgur cannot rebuild"};
+  }
+  /// _rebuild_tensor_v2 / _v3 / _rebuild_qtensor: a view of a storage. Its bounds against the storage
+  /// are check_tensors' (that message names the tensor); here, what the view is made of.
+  at::Tensor tensor(GlobalKind kind, const c10::IValue& args) {
+    if (!args.isTuple()) fail("rebuilds a tensor from something that is not a tuple");
+    const auto e = args.toTupleRef().elements().asArrayRef();
+    const std::size_t least = kind == GlobalKind::Tensor ? 6 : 7, most = kind == GlobalKind::QTensor ? 7 : least + 1;
+    if (e.size() < least || e.size() > most) fail("rebuilds a tensor from " + std::to_string(e.size()) + " arguments");
+    const auto storage_type =
+        e[0].isTensor() ? storage_types_.find(e[0].toTensor().unsafeGetTensorImpl()) : storage_types_.end();
+    if (storage_type == storage_types_.end()) fail("rebuilds a tensor from something that is not a storage");
+    c10::ScalarType type = storage_type->second;
+    if (kind == GlobalKind::TensorV3) {
+      const GlobalName* dtype = global_of(e[6]);
+      if (dtype == nullptr || dtype->kind != GlobalKind::Dtype) fail("rebuilds a tensor of an unknown dtype");
+      type = dtype->type;
+    }
+    if (!e[1].isInt()) fail("holds a tensor whose offset is not an integer");
+    const std::int64_t offset = e[1].toInt();
+    const std::vector<std::int64_t> sizes = integers(e[2]), strides = integers(e[3]);
+    if (sizes.size() != strides.size())
+      fail("holds a tensor with " + std::to_string(sizes.size()) + " sizes and " + std::to_string(strides.size()) + " strides");
+    constexpr std::int64_t kLimit = std::int64_t{1} << 62;  // no product of two such numbers overflows __int128
+    if (offset < 0 || offset > kLimit) fail("holds a tensor whose storage offset is " + std::to_string(offset));
+    __int128 elements = 1;
+    for (std::size_t d = 0; d < sizes.size(); ++d) {
+      if (sizes[d] < 0 || strides[d] < -kLimit || strides[d] > kLimit) fail("holds a tensor of shape " + c10::str(c10::IntArrayRef(sizes)) + ", strides " +
+                                                                            c10::str(c10::IntArrayRef(strides)));
+      if (sizes[d] > 0) elements *= sizes[d];
+      if (elements > kLimit) fail("holds a tensor of shape " + c10::str(c10::IntArrayRef(sizes)) + ", more elements than any storage holds");
+    }
+    at::Tensor result;
+    if (kind == GlobalKind::QTensor) {
+      if (!c10::isQIntType(type)) fail("holds quantization parameters for a tensor of element type " + std::string(c10::toString(type)));
+      result = quantized(type, e[4], sizes);
+    } else {
+      if (c10::isQIntType(type)) fail("holds a tensor that is quantized but has no quantization parameters");
+      result = at::empty({0}, at::TensorOptions().dtype(type));
+    }
+    at::TensorImpl* impl = result.unsafeGetTensorImpl();
+    impl->set_storage_keep_dtype(e[0].toTensor().storage());
+    impl->set_storage_offset(offset);
+    impl->set_sizes_and_strides(sizes, strides);
+    const std::size_t metadata = kind == GlobalKind::Tensor ? 6 : 7;  // the conjugate and negative bits
+    if (kind != GlobalKind::QTensor && e.size() > metadata && !e[metadata].isNone()) {
+      if (!e[metadata].isGenericDict()) fail("holds a tensor whose metadata is not a dictionary");
+      for (const auto& item : e[metadata].toGenericDict()) {
+        if (!item.key().isString() || !item.value().isBool() || !item.value().toBool()) continue;
+        const std::string& bit = item.key().toStringRef();
+        if ((bit == "conj" || bit == "neg") && !c10::isComplexType(type))
+          fail("holds a tensor of element type " + std::string(c10::toString(type)) + " marked as " + bit);
+        if (bit == "conj") result._set_conj(true);
+        if (bit == "neg") result._set_neg(true);
+      }
+    }
+    return result;
+  }
+
+  void find_objects(const c10::IValue& v, const std::string& where, std::unordered_set<const void*>& seen,
+                    std::vector<std::pair<std::string, std::string>>& found) const {
+    if (v.isGenericDict()) {
+      const void* p = v.internalToPointer();
+      if (const auto o = objects_.find(p); o != objects_.end()) return found.emplace_back(o->second, where), void();
+      if (const auto g = globals_.find(p); g != globals_.end()) return found.emplace_back(g->second.qualified, where), void();
+    }
+    if (!(v.isGenericDict() || v.isList() || v.isTuple()) || !seen.insert(v.internalToPointer()).second) return;
+    if (v.isGenericDict()) {
+      for (const auto& item : v.toGenericDict()) {
+        find_objects(item.key(), where + "[key]", seen, found);
+        find_objects(item.value(), child_path(where, item.key()), seen, found);
+      }
+    } else if (v.isList()) {
+      const auto list = v.toListRef();
+      for (std::size_t i = 0; i < list.size(); ++i) find_objects(list[i], where + "[" + std::to_string(i) + "]", seen, found);
+    } else {
+      const auto& elements = v.toTupleRef().elements();
+      for (std::size_t i = 0; i < elements.size(); ++i)
+        find_objects(elements[i], where + "[" + std::to_string(i) + "]", seen, found);
+    }
+  }
+
+  const unsigned char* data_;
+  std::size_t size_;
+  std::size_t pos_ = 0;
+  RecordReader read_record_;
+  TensorCheck check_;
+  std::vector<c10::IValue> stack_;
+  std::vector<std::size_t> marks_;
+  std::vector<c10::IValue> memo_;
+  std::vector<c10::IValue> made_;  // what the maps below point to, alive until the reader is done
+  std::unordered_map<const void*, GlobalName> globals_;
+  std::unordered_map<const void*, std::string> objects_;
+  std::unordered_set<const void*> ordered_dicts_;
+  std::unordered_map<const void*, c10::ScalarType> storage_types_;  // of the byte tensors over storages
+  std::unordered_map<std::string, std::pair<std::shared_ptr<at::DataPtr>, std::size_t>> records_;  // by key
+  std::unordered_map<std::string, at::Storage> storages_;  // by "<key>/<bytes>"
+};
+
+/// A tensor's elements lie within its storage and its storage within the record it was read from
+/// (a storage is sized by the pickle's element count; sizes, strides and offsets are as given).
+void check_tensor(const at::Tensor& t, const std::string& where,
+                  const std::unordered_map<const void*, std::size_t>& record_sizes, const Complaint& complain) {
+  if (!t.defined() || t.is_meta()) return;
+  if (t.layout() != c10::kStrided || !t.is_cpu()) complain.corrupt("tensor " + where + " is not a dense CPU tensor");
+  const std::size_t bytes = t.storage().nbytes();
+  const auto record = record_sizes.find(t.storage().data());
+  if (bytes > 0 && (record == record_sizes.end() || record->second < bytes))
+    complain.corrupt("the storage of tensor " + where + " claims " + std::to_string(bytes) +
+                     " bytes, more than its record holds");
+  if (t.numel() == 0) return;
+  __int128 last = t.storage_offset();
+  bool negative = last < 0;
+  for (std::int64_t d = 0; d < t.dim(); ++d) {
+    negative = negative || t.stride(d) < 0;
+    last += static_cast<__int128>(t.size(d) - 1) * t.stride(d);
+  }
+  const std::string view = "tensor " + where + " (shape " + c10::str(t.sizes()) + ", strides " +
+                           c10::str(t.strides()) + ", offset " + std::to_string(t.storage_offset()) + ")";
+  if (negative) complain.corrupt(view + " has a negative stride or offset");
+  if ((last + 1) * t.element_size() > static_cast<__int128>(bytes))
+    complain.corrupt(view + " reaches past its storage of " + std::to_string(bytes) + " bytes");
+}
+
+/// check_tensor of every tensor `value` holds.
 void check_tensors(const c10::IValue& value, const std::string& where,
                    const std::unordered_map<const void*, std::size_t>& record_sizes,
                    std::unordered_set<const void*>& seen, const Complaint& complain) {
-  if (value.isTensor()) {
-    const at::Tensor& t = value.toTensor();
-    if (!t.defined() || t.is_meta()) return;
-    if (t.layout() != c10::kStrided || !t.is_cpu()) complain.corrupt("tensor " + where + " is not a dense CPU tensor");
-    if (t.is_quantized()) {  // a quantized element type without _rebuild_qtensor's parameters: unusable
-      try {
-        (void)t.qscheme();
-      } catch (const std::exception&) {
-        complain.corrupt("tensor " + where + " is quantized but has no quantization parameters");
-      }
-    }
-    const std::size_t bytes = t.storage().nbytes();
-    const auto record = record_sizes.find(t.storage().data());
-    if (bytes > 0 && (record == record_sizes.end() || record->second < bytes))
-      complain.corrupt("the storage of tensor " + where + " claims " + std::to_string(bytes) +
-                       " bytes, more than its record holds");
-    if (t.numel() == 0) return;
-    __int128 last = t.storage_offset();
-    bool negative = last < 0;
-    for (std::int64_t d = 0; d < t.dim(); ++d) {
-      negative = negative || t.stride(d) < 0;
-      last += static_cast<__int128>(t.size(d) - 1) * t.stride(d);
-    }
-    const std::string view = "tensor " + where + " (shape " + c10::str(t.sizes()) + ", strides " +
-                             c10::str(t.strides()) + ", offset " + std::to_string(t.storage_offset()) + ")";
-    if (negative) complain.corrupt(view + " has a negative stride or offset");
-    if ((last + 1) * t.element_size() > static_cast<__int128>(bytes))
-      complain.corrupt(view + " reaches past its storage of " + std::to_string(bytes) + " bytes");
-    return;
-  }
+  if (value.isTensor()) return check_tensor(value.toTensor(), where, record_sizes, complain);
   if (!(value.isGenericDict() || value.isList() || value.isTuple())) return;
   if (!seen.insert(value.internalToPointer()).second) return;
   if (value.isGenericDict()) {
     for (const auto& item : value.toGenericDict()) {
-      const std::string key = item.key().isString() ? item.key().toStringRef() : "?";
       check_tensors(item.key(), where + "[key]", record_sizes, seen, complain);
-      check_tensors(item.value(), where.empty() ? "'" + key + "'" : where + "['" + key + "']", record_sizes, seen, complain);
+      check_tensors(item.value(), child_path(where, item.key()), record_sizes, seen, complain);
     }
   } else if (value.isList()) {
     const auto list = value.toListRef();
@@ -775,7 +1384,8 @@ void check_tensors(const c10::IValue& value, const std::string& where,
                             first + " where a zip has 50 4b 03 04)");
 }
 
-StateDict from_memory(const char* data, std::size_t size, const std::string& what) {
+
+StateDict from_memory(const char* data, std::size_t size, const std::string& what, const LoadOptions& options) {
   const Complaint complain{what, size};
   const auto* b = reinterpret_cast<const unsigned char*>(data);
   if (size == 0)
@@ -791,6 +1401,7 @@ StateDict from_memory(const char* data, std::size_t size, const std::string& wha
     complain.not_a_checkpoint("it is a zip archive without the data.pkl that torch.save writes");
 
   c10::IValue value;
+  std::vector<std::pair<std::string, std::string>> objects;  // Python objects: class, where
   std::unordered_map<const void*, std::size_t> record_sizes;
   try {
     caffe2::serialize::PyTorchStreamReader archive(std::make_shared<MemoryReader>(data, size));
@@ -798,48 +1409,46 @@ StateDict from_memory(const char* data, std::size_t size, const std::string& wha
     const auto* pickled = static_cast<const unsigned char*>(std::get<0>(pickle).get());
     const std::size_t pickle_size = std::get<1>(pickle);
     if (const std::string problem = PickleCheck(pickled, pickle_size).problem(); !problem.empty()) complain.corrupt(problem);
-    std::size_t done = 0;
-    auto reader = [&](char* buffer, std::size_t n) -> std::size_t {
-      n = std::min(n, pickle_size - done);
-      std::memcpy(buffer, pickled + done, n);
-      done += n;
-      return n;
-    };
     auto read_record = [&](const std::string& key) {
       auto [record, record_size] = archive.getRecord("data/" + key);
       record_sizes[record.get()] = record_size;
-      return std::move(record);
+      return std::pair<at::DataPtr, std::size_t>(std::move(record), record_size);
     };
-    // Tensors load on the CPU (as Lightning's map_location does): moving one to its saved device would
-    // read its storage before check_tensors has seen it.
-    torch::jit::Unpickler unpickler(reader, /*type_resolver=*/nullptr, /*obj_loader=*/nullptr, read_record, at::Device(at::kCPU));
-    unpickler.set_version(archive.version());
-    value = unpickler.parse_ivalue();
+    auto check = [&](const at::Tensor& t, const std::string& where) { check_tensor(t, where, record_sizes, complain); };
+    // Tensors load on the CPU, as Lightning's map_location puts them.
+    PickleReader reader(pickled, pickle_size, read_record, check);
+    value = reader.read();
+    objects = reader.python_objects(value);
   } catch (const CheckpointError&) {
     throw;
+  } catch (const std::string& problem) {
+    complain.corrupt(problem);
+  } catch (const Unreadable& u) {
+    complain.unreadable(u.problem);
   } catch (const std::exception& e) {  // c10::Error, std::bad_alloc, ...
     complain.corrupt("LibTorch cannot read it (" + detail::first_line(e.what()) + ")");
   }
   std::unordered_set<const void*> seen;
   check_tensors(value, "", record_sizes, seen, complain);
+  // A file that is a Python object is a dictionary here: the one that stands for it (as_dicts).
   if (!value.isGenericDict())
     complain.not_a_checkpoint("it holds a " + std::string(value.tagKind()) + ", not a dictionary");
-  StateDict out;
-  for (const auto& item : value.toGenericDict()) {
+  for (const auto& item : value.toGenericDict())
     if (!item.key().isString()) complain.not_a_checkpoint("it has a non-string key at its top level");
-    out.insert(item.key().toStringRef(), item.value());
-  }
+  if (!objects.empty() && options.python_objects == PythonObjects::refuse) complain.python_objects(objects);
+  StateDict out;
+  for (const auto& item : value.toGenericDict()) out.insert(item.key().toStringRef(), item.value());
   return out;
 }
 }  // namespace
 
-StateDict from_bytes(const std::vector<char>& bytes, const std::string& what) {
-  return from_memory(bytes.data(), bytes.size(), what);
+StateDict from_bytes(const std::vector<char>& bytes, const std::string& what, const LoadOptions& options) {
+  return from_memory(bytes.data(), bytes.size(), what, options);
 }
 
 void save(const std::string& path, const StateDict& state) { atomic_write(path, to_bytes(state)); }
 
-StateDict load(const std::string& path) {
+StateDict load(const std::string& path, const LoadOptions& options) {
   // O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever (no effect on regular files).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
@@ -876,7 +1485,7 @@ StateDict load(const std::string& path) {
     done += static_cast<std::size_t>(n);
   }
   ::close(fd);
-  return from_memory(bytes.data(), bytes.size(), "checkpoint '" + path + "'");
+  return from_memory(bytes.data(), bytes.size(), "checkpoint '" + path + "'", options);
 }
 
 StateDict module_state_dict(const torch::nn::Module& module) {
@@ -885,13 +1494,70 @@ StateDict module_state_dict(const torch::nn::Module& module) {
   return out;
 }
 
+namespace {
+/// The prefix P most keys of `longer` have where P + a key of `shorter` is one of them ("model." when
+/// `longer` holds "model.0.weight" and `shorter` "0.weight"), and how many keys it explains; "" if none.
+std::pair<std::string, std::size_t> common_prefix(const std::vector<std::string>& longer, const std::vector<std::string>& shorter) {
+  const std::unordered_set<std::string> targets(shorter.begin(), shorter.end());
+  std::vector<std::pair<std::string, std::size_t>> counts;
+  for (const std::string& key : longer)
+    for (std::size_t dot = key.find('.'); dot != std::string::npos && dot + 1 < key.size(); dot = key.find('.', dot + 1))
+      if (targets.count(key.substr(dot + 1)) > 0) {
+        const std::string prefix = key.substr(0, dot + 1);
+        const auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == prefix; });
+        if (it == counts.end()) counts.emplace_back(prefix, 1);
+        else ++it->second;
+      }
+  if (counts.empty()) return {"", 0};
+  return *std::max_element(counts.begin(), counts.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+}
+
+/// "'model.' (4 keys), 'loss_fn.' (1 key)": what keys start with (up to their first dot).
+std::string prefixes_of(const std::vector<std::string>& keys) {
+  std::vector<std::pair<std::string, std::size_t>> prefixes;
+  for (const std::string& key : keys) {
+    const std::string prefix = key.substr(0, key.find('.') == std::string::npos ? key.size() : key.find('.') + 1);
+    const auto it = std::find_if(prefixes.begin(), prefixes.end(), [&](const auto& p) { return p.first == prefix; });
+    if (it == prefixes.end()) prefixes.emplace_back(prefix, 1);
+    else ++it->second;
+  }
+  std::string out;
+  for (std::size_t i = 0; i < prefixes.size() && i < 6; ++i)
+    out += (i ? ", '" : "'") + prefixes[i].first + "' (" + std::to_string(prefixes[i].second) + ")";
+  if (prefixes.size() > 6) out += ", ...";
+  return out;
+}
+
+/// "Sequential" for torch::nn::SequentialImpl, as a user names it.
+std::string module_name(const torch::nn::Module& module) {
+  std::string name = module.name();
+  if (name.starts_with("torch::nn::")) name = name.substr(11);
+  if (name.size() > 4 && name.ends_with("Impl")) name.resize(name.size() - 4);
+  return name;
+}
+
+std::string quoted_list_of(const std::vector<std::string>& keys) {
+  constexpr std::size_t kShown = 40;
+  if (keys.size() <= kShown) return quoted_list(keys);
+  return quoted_list(std::vector<std::string>(keys.begin(), keys.begin() + kShown)) + ", and " +
+         std::to_string(keys.size() - kShown) + " more";
+}
+}  // namespace
+
 void load_module_state_dict(torch::nn::Module& module, const StateDict& state, bool strict) {
   const StateDict own = module_state_dict(module);
-  std::vector<std::string> missing, unexpected, mismatched;
-  for (const auto& item : own)
-    if (!state.contains(item.key().toStringRef())) missing.push_back(item.key().toStringRef());
-  for (const auto& item : state)
-    if (!own.contains(item.key().toStringRef())) unexpected.push_back(item.key().toStringRef());
+  std::vector<std::string> missing, unexpected, mismatched, own_keys, state_keys;
+  for (const auto& item : own) {
+    own_keys.push_back(item.key().toStringRef());
+    if (!state.contains(own_keys.back())) missing.push_back(own_keys.back());
+  }
+  for (const auto& item : state) {
+    if (!item.key().isString())
+      throw CheckpointError("fulgur: the state_dict to load into " + module_name(module) + " has a key that is not a string (a " +
+                            std::string(item.key().tagKind()) + "): it is not a module's weights.");
+    state_keys.push_back(item.key().toStringRef());
+    if (!own.contains(state_keys.back())) unexpected.push_back(state_keys.back());
+  }
   for (const auto& item : own) {
     const std::string& key = item.key().toStringRef();
     if (!state.contains(key)) continue;
@@ -901,13 +1567,41 @@ void load_module_state_dict(torch::nn::Module& module, const StateDict& state, b
       mismatched.push_back(key + " (expected shape " + c10::str(target.sizes()) +
                            (source.isTensor() ? ", got " + c10::str(source.toTensor().sizes()) : ", got a non-tensor") + ")");
   }
-  if (!mismatched.empty() || (strict && (!missing.empty() || !unexpected.empty()))) {
-    std::string message = "Error(s) in loading state_dict for " + module.name() + ":";
-    if (strict && !missing.empty()) message += "\n\tMissing key(s) in state_dict: " + quoted_list(missing) + ".";
-    if (strict && !unexpected.empty()) message += "\n\tUnexpected key(s) in state_dict: " + quoted_list(unexpected) + ".";
+  const bool differ = strict && (!missing.empty() || !unexpected.empty());
+  if (!mismatched.empty() || differ) {
+    // The first line keeps "does not fit the module": fit's resume names the checkpoint with it.
+    std::string message = "fulgur: the state_dict does not fit the module " + module_name(module) +
+                          ". Error(s) in loading state_dict for " + module_name(module) + ":";
+    if (differ && !missing.empty()) message += "\n\tMissing key(s) in state_dict: " + quoted_list_of(missing) + ".";
+    if (differ && !unexpected.empty()) message += "\n\tUnexpected key(s) in state_dict: " + quoted_list_of(unexpected) + ".";
     for (const auto& m : mismatched) message += "\n\tsize mismatch for " + m + ".";
-    if (strict) message += "\nTo load only the keys that match, pass strict = false.";
-    throw Error(message);
+    const auto [extra, taken_off] = common_prefix(unexpected, missing);  // the state_dict's keys have it
+    const auto [lacking, put_on] = common_prefix(missing, unexpected);   // the module's keys have it
+    if (differ && taken_off > 0 && taken_off >= put_on) {
+      message += "\nThe state_dict's keys start with '" + extra + "' where the module's do not (a LightningModule "
+                 "holding the network as self." + extra.substr(0, extra.size() - 1) + "): take it off with "
+                 "fulgur::checkpoint::module_weights(checkpoint, \"" + extra + "\").";
+    } else if (differ && put_on > 0) {
+      message += "\nThe module's keys start with '" + lacking + "' where the state_dict's do not: load it into the "
+                 "submodule that holds them (" + lacking.substr(0, lacking.size() - 1) + "), or build the module "
+                 "as the network that was saved.";
+    } else if (differ && missing.size() == own_keys.size() && !state_keys.empty()) {
+      message += "\nNo key matches: the state_dict's keys start with " + prefixes_of(state_keys) +
+                 ", the module's with " + (own_keys.empty() ? std::string("nothing (it has no parameters)") : prefixes_of(own_keys)) +
+                 ". Is it this network's checkpoint? A prefix can be taken off with "
+                 "fulgur::checkpoint::module_weights(checkpoint, prefix).";
+    } else if (differ) {
+      message += std::string("\nThe module ") +
+                 (!missing.empty() && !unexpected.empty() ? "and the saved network have different layers"
+                  : !missing.empty()                      ? "has layers the saved network lacks (the missing keys)"
+                                                          : "lacks layers the saved network has (the unexpected keys)") +
+                 ": build it as the network that was saved.";
+    }
+    if (!mismatched.empty())
+      message += "\nThe saved network's layers have other sizes: build the module with the sizes it was trained "
+                 "with (a Lightning checkpoint keeps them in 'hyper_parameters').";
+    if (differ) message += "\nTo load only the keys that match, pass strict = false.";
+    throw CheckpointError(message);
   }
   at::NoGradGuard no_grad;
   for (const auto& item : own) {
@@ -933,6 +1627,11 @@ StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
 }
 
 void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state) {
+  if (!state.contains("archive") && state.contains("state") && state.contains("param_groups"))
+    throw CheckpointError(
+        "fulgur: this optimizer state is a PyTorch (Python) optimizer's state_dict(), as Lightning checkpoints hold "
+        "them in 'optimizer_states'; LibTorch's optimizers keep their state in another form, which fulgur does not "
+        "convert. Load the checkpoint's weights (checkpoint::module_weights) and let the optimizer start afresh.");
   if (!state.contains("archive") || !state.at("archive").isTensor())
     throw Error("fulgur: the optimizer state has no 'archive' entry; pass a state from optimizer_state_dict().");
   const at::Tensor bytes = state.at("archive").toTensor().contiguous();

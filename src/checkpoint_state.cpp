@@ -6,6 +6,10 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/version.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "fulgur/errors.hpp"
 
 namespace fulgur::checkpoint {
@@ -122,15 +126,65 @@ void load_scheduler_state(AnyLRScheduler& scheduler, const StateDict& state, con
   }
 }
 
+namespace {
+/// What the keys start with (up to their first dot), with how many keys start so, in order.
+std::vector<std::pair<std::string, std::size_t>> key_prefixes(const StateDict& weights) {
+  std::vector<std::pair<std::string, std::size_t>> prefixes;
+  for (const auto& item : weights) {
+    const std::string& key = item.key().toStringRef();
+    const std::size_t dot = key.find('.');
+    const std::string prefix = dot == std::string::npos ? key : key.substr(0, dot + 1);
+    const auto it = std::find_if(prefixes.begin(), prefixes.end(), [&](const auto& p) { return p.first == prefix; });
+    if (it == prefixes.end()) prefixes.emplace_back(prefix, 1);
+    else ++it->second;
+  }
+  return prefixes;
+}
+
+/// "'model.' (4 keys), 'loss_fn.' (1 key)"
+std::string describe(const std::vector<std::pair<std::string, std::size_t>>& prefixes) {
+  std::string out;
+  for (std::size_t i = 0; i < prefixes.size() && i < 8; ++i)
+    out += (i ? ", '" : "'") + prefixes[i].first + "' (" + std::to_string(prefixes[i].second) +
+           (prefixes[i].second == 1 ? " key)" : " keys)");
+  if (prefixes.size() > 8) out += ", and " + std::to_string(prefixes.size() - 8) + " more";
+  return out;
+}
+}  // namespace
+
 StateDict module_weights(const StateDict& checkpoint, const std::string& prefix) {
-  StateDict weights = checkpoint.contains("state_dict") && checkpoint.at("state_dict").isGenericDict()
-                          ? StateDict(checkpoint.at("state_dict").toGenericDict())
-                          : checkpoint;
+  StateDict weights = checkpoint;
+  if (checkpoint.contains("state_dict")) {
+    const c10::IValue state = checkpoint.at("state_dict");
+    if (!state.isGenericDict())
+      throw CheckpointError("fulgur: the checkpoint's 'state_dict' entry is a " + std::string(state.tagKind()) +
+                            ", not a dictionary of tensors; pass a checkpoint whose 'state_dict' holds the weights.");
+    weights = StateDict(state.toGenericDict());
+  }
+  for (const auto& item : weights)
+    if (!item.key().isString())
+      throw CheckpointError("fulgur: the checkpoint's state_dict has a key that is not a string (a " +
+                            std::string(item.key().tagKind()) + "), so it holds no module's weights.");
   if (prefix.empty()) return weights;
+  const auto any_starts = [&](const std::string& p) {
+    return std::any_of(weights.begin(), weights.end(), [&](const auto& item) { return item.key().toStringRef().starts_with(p); });
+  };
+  // "model" means the submodule model: its keys are "model.0.weight", not "model_ema.0.weight".
+  const std::string p = prefix.back() != '.' && any_starts(prefix + ".") ? prefix + "." : prefix;
+  if (!any_starts(p)) {
+    if (weights.empty()) throw CheckpointError("fulgur: the checkpoint's state_dict is empty: it holds no weights.");
+    const auto prefixes = key_prefixes(weights);
+    const auto most = std::max_element(prefixes.begin(), prefixes.end(),
+                                       [](const auto& a, const auto& b) { return a.second < b.second; });
+    throw CheckpointError("fulgur: no key of the checkpoint's state_dict starts with '" + p + "': its " +
+                          std::to_string(weights.size()) + " keys start with " + describe(prefixes) +
+                          ". Pass the prefix of the network's keys (module_weights(checkpoint, \"" + most->first +
+                          "\")), or none to take the keys as they are.");
+  }
   StateDict out;
   for (const auto& item : weights) {
     const std::string& key = item.key().toStringRef();
-    out.insert(key.starts_with(prefix) ? key.substr(prefix.size()) : key, item.value());
+    if (key.starts_with(p)) out.insert(key.substr(p.size()), item.value());
   }
   return out;
 }

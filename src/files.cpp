@@ -56,6 +56,22 @@ void remove_tree(const std::string& path) {
       FTW_DEPTH | FTW_PHYS);
 }
 
+std::string absolute_path(const std::string& path) {
+  if (!path.empty() && path.front() == '/') return path;
+  std::string cwd;
+  for (std::size_t size = 256;; size *= 2) {
+    cwd.resize(size);
+    if (::getcwd(cwd.data(), size) != nullptr) break;
+    if (errno != ERANGE) fail("cannot tell the current directory for", path, errno);
+  }
+  cwd.resize(std::char_traits<char>::length(cwd.c_str()));
+  std::string rest = path;
+  while (rest.rfind("./", 0) == 0) rest.erase(0, 2);
+  if (rest.empty() || rest == ".") return cwd;
+  if (rest.size() >= 2 && rest.compare(rest.size() - 2, 2, "/.") == 0) rest.resize(rest.size() - 2);
+  return cwd == "/" ? "/" + rest : cwd + "/" + rest;
+}
+
 bool path_exists(const std::string& path) {
   struct stat info {};
   return ::stat(path.c_str(), &info) == 0;

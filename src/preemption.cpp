@@ -21,26 +21,26 @@ std::string variable(const char* name) {
 }
 
 /// n of "hpc_ckpt_{n}.ckpt"; -1 for any other name.
-long hpc_number(const std::string& name) {
+long long hpc_number(const std::string& name) {
   static const std::string prefix = "hpc_ckpt_", suffix = ".ckpt";
   if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
       name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
     return -1;
   const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stol(digits);
+  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
 }
 
 }  // namespace
 
 std::string hpc_checkpoint(const std::string& folder, bool next) {
-  long highest = -1;
+  long long highest = -1;
   if (DIR* dir = ::opendir(folder.c_str())) {
     while (const dirent* entry = ::readdir(dir)) highest = std::max(highest, hpc_number(entry->d_name));
     ::closedir(dir);
   }
   if (!next && highest < 0) return "";
-  return folder + "/hpc_ckpt_" + std::to_string(next ? std::max(highest, 0L) + 1 : highest) + ".ckpt";
+  return folder + "/hpc_ckpt_" + std::to_string(next ? std::max(highest, 0LL) + 1 : highest) + ".ckpt";
 }
 
 bool in_slurm_batch_job() {

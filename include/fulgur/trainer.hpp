@@ -363,8 +363,17 @@ class Trainer {
   /// The states a checkpoint holds, each through its policy.
   StateDict module_state(const torch::nn::Module& module) const { return checkpoint::module_state_dict(module); }
   StateDict optimizer_state(torch::optim::Optimizer& optimizer) { return strategy_.get_optimizer_state(optimizer); }
+  /// A state of another optimizer type or of other parameters is a CheckpointError.
   void load_optimizer_state(torch::optim::Optimizer& optimizer, const StateDict& state) {
-    checkpoint::load_optimizer_state_dict(optimizer, state);
+    try {
+      checkpoint::load_optimizer_state_dict(optimizer, state);
+    } catch (const c10::Error& e) {  // LibTorch's own check reads "INTERNAL ASSERT FAILED ... report a bug"
+      std::string text = detail::first_line(e.what_without_backtrace());
+      if (const auto at = text.find("INTERNAL ASSERT FAILED"); at != std::string::npos) text = "the state's type differs";
+      throw CheckpointError("fulgur: the optimizer state does not fit the optimizer (" + text + "): load the state "
+                            "of the same optimizer type over the same parameters.");
+    }
+    detail::check_optimizer_state_shapes(optimizer);
   }
   StateDict precision_state() const { return precision_.state_dict(); }
   void load_precision_state(const StateDict& state) { precision_.load_state_dict(state); }
@@ -456,8 +465,10 @@ class Trainer {
     static_assert(validates, "fulgur: validation data was given but the module has no validation_step(batch, "
                              "batch_idx); add one, or call fit without validation data.");
     if constexpr (trainable && validates) {
+      // One path from the root: "last" and "hpc" found, a relative path under default_root_dir.
       if (options.ckpt_path == "last") options.ckpt_path = last_checkpoint();
-      options.ckpt_path = preemption_checkpoint(options.ckpt_path);
+      else options.ckpt_path = preemption_checkpoint(options.ckpt_path);
+      if (!options.ckpt_path.empty()) options.ckpt_path = detail::absolute_path(resolve(options.ckpt_path));
       auto loop = std::make_shared<loops::FitLoop<Trainer, Module, TrainData, ValData>>(*this, module, train_data,
                                                                                        val_data, std::move(options));
       fit_checkpointing_ = loop;  // kept after fit: save_checkpoint then writes the final state
@@ -532,10 +543,23 @@ class Trainer {
   /// ckpt_path = "last": the newest last*.ckpt in the checkpoint callbacks' folders and
   /// default_root_dir/checkpoints; "" (a fresh start, with a warning) when there is none.
   std::string last_checkpoint() {
-    std::vector<std::string> folders{resolve("checkpoints")};
+    std::vector<std::string> folders{detail::absolute_path(resolve("checkpoints"))};
     std::apply([&](auto&... item) {
       ([&] {
-        if constexpr (requires { item.dirpath(); }) folders.push_back(resolve(item.dirpath()));
+        // A ModelCheckpoint's folder: the one it used (known after a fit in this process), its
+        // dirpath option (relative to the current directory), or by default in a logger's version
+        // folders (logger/name/version_*/checkpoints), where it writes when there is a logger.
+        if constexpr (requires { item.dirpath(); item.options().dirpath; }) {
+          if (!item.dirpath().empty()) folders.push_back(item.dirpath());
+          else if (!item.options().dirpath.empty()) folders.push_back(detail::absolute_path(item.options().dirpath));
+        }
+        if constexpr (requires { item.options().save_dir; item.name(); }) {
+          const std::string& save_dir = item.options().save_dir;  // as the logger takes it
+          const std::string logs = (save_dir.empty() ? config_.default_root_dir : save_dir) +
+                                   (item.name().empty() ? "" : "/" + std::string(item.name()));
+          for (const std::string& version : detail::subdirectories(logs))
+            folders.push_back(detail::absolute_path(logs + "/" + version + "/checkpoints"));
+        }
       }(), ...);
     }, callbacks_.items());
     std::string newest = detail::newest_file(folders, "last", ".ckpt");
@@ -559,7 +583,7 @@ class Trainer {
                             "path of a checkpoint, or leave ckpt_path empty to start afresh.");
     if (!found.empty() && is_global_zero())
       std::cerr << "fulgur: resuming from the preemption checkpoint " << found << std::endl;
-    return found;
+    return found.empty() ? found : detail::absolute_path(found);  // already under default_root_dir
   }
 
   /// TrainerConfig::preemption.exit_process: the loop has saved and shut down; the policies let go

@@ -68,10 +68,13 @@ std::string ModelCheckpoint::state_key() const {
 
 void ModelCheckpoint::setup(TrainerView& trainer, Stage stage) {
   if (stage != Stage::fit) return;
+  // From the root: a relative dirpath is taken from the current directory (as in Lightning), the
+  // default already holds default_root_dir, and the save must not put it under the root again.
   if (!options_.dirpath.empty())
-    dirpath_ = options_.dirpath;
+    dirpath_ = detail::absolute_path(options_.dirpath);
   else
-    dirpath_ = (trainer.has_loggers() ? trainer.log_dir() : trainer.config().default_root_dir) + "/checkpoints";
+    dirpath_ = detail::absolute_path((trainer.has_loggers() ? trainer.log_dir() : trainer.config().default_root_dir) +
+                                     "/checkpoints");
   dirpath_ = trainer.broadcast(dirpath_);
 }
 

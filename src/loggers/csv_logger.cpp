@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <utility>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -77,6 +79,10 @@ void CSVLogger::set_up(const LoggerSetup& setup) {
   directory_.resolve(setup.root_dir);
 }
 
+void CSVLogger::resume(const std::string& version, std::int64_t step) {
+  if (directory_.resume(version)) resume_step_ = step;
+}
+
 void CSVLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
   if (!writer_) return;
   std::map<std::string, std::string> row;
@@ -133,20 +139,37 @@ void CSVLogger::write_rows(bool rewrite) {
   if (rewrite) {
     // The header changed: the rows already saved are read back and written under it (Lightning
     // does the same), into a new file renamed over the old one, so a crash leaves one or the other.
+    // A resumed run takes in the rows its checkpoint's run wrote before the checkpoint.
     appending_.reset();
+    const std::int64_t resumed_at = std::exchange(resume_step_, -1);
+    std::vector<std::vector<std::string>> saved;
+    if (started_ || resumed_at >= 0) saved = csv_records(read_file(path));
+    if (resumed_at >= 0 && !saved.empty()) {
+      const std::vector<std::string> header = saved.front();
+      const auto step_at = std::find(header.begin(), header.end(), "step");
+      const auto index = static_cast<std::size_t>(step_at - header.begin());
+      saved.erase(std::remove_if(saved.begin() + 1, saved.end(),
+                                 [&](const std::vector<std::string>& row) {
+                                   if (step_at == header.end() || index >= row.size()) return false;
+                                   char* end = nullptr;
+                                   const long long step = std::strtoll(row[index].c_str(), &end, 10);
+                                   return end != row[index].c_str() && step >= resumed_at;
+                                 }),
+                  saved.end());
+      for (const std::string& column : header)
+        if (std::find(columns_.begin(), columns_.end(), column) == columns_.end()) columns_.push_back(column);
+      std::sort(columns_.begin(), columns_.end());
+    }
     for (std::size_t c = 0; c < columns_.size(); ++c) text += (c ? "," : "") + csv_field(columns_[c]);
     text += '\n';
-    if (started_) {
-      const std::vector<std::vector<std::string>> saved = csv_records(read_file(path));
-      if (!saved.empty()) {
-        const std::vector<std::string>& header = saved.front();
-        for (std::size_t r = 1; r < saved.size(); ++r)
-          append_row(text, [&](const std::string& column) {
-            const auto at = std::find(header.begin(), header.end(), column);
-            const auto index = static_cast<std::size_t>(at - header.begin());
-            return at != header.end() && index < saved[r].size() ? csv_field(saved[r][index]) : std::string();
-          });
-      }
+    if (!saved.empty()) {
+      const std::vector<std::string>& header = saved.front();
+      for (std::size_t r = 1; r < saved.size(); ++r)
+        append_row(text, [&](const std::string& column) {
+          const auto at = std::find(header.begin(), header.end(), column);
+          const auto index = static_cast<std::size_t>(at - header.begin());
+          return at != header.end() && index < saved[r].size() ? csv_field(saved[r][index]) : std::string();
+        });
     }
   }
   for (const auto& row : rows_)

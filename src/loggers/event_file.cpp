@@ -208,6 +208,12 @@ void EventFileWriter::add_scalar(std::string_view tag, double value, std::int64_
   write_event(event(wall_time, step).message(5, summary).str());
 }
 
+void EventFileWriter::add_session_start(std::int64_t step, double wall_time) {
+  Message session_log;
+  session_log.varint(1, 1);  // SessionLog.status = START
+  write_event(event(wall_time, step).message(7, session_log).str());
+}
+
 void EventFileWriter::add_hparams(const fulgur::Hyperparameters& hparams, const std::vector<std::string>& metric_tags,
                                   double wall_time) {
   // torch takes a dict: a repeated name keeps its first place and its last value.

@@ -35,6 +35,12 @@ void LogDirectory::resolve(const std::string& default_root_dir) {
   path_ = root + "/" + version_;
 }
 
+bool LogDirectory::resume(const std::string& version) {
+  if (resolved() || options_.version || version.empty()) return false;
+  options_.version = version;
+  return true;
+}
+
 std::string LogDirectory::version_name() const { return version_; }
 
 std::string number_text(double value) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "fulgur/loggers/event_file.hpp"
 
@@ -23,8 +24,15 @@ void TensorBoardLogger::set_up(const LoggerSetup& setup) {
   directory_.resolve(setup.root_dir);
 }
 
+void TensorBoardLogger::resume(const std::string& version, std::int64_t step) {
+  if (directory_.resume(version)) purge_step_ = step;
+}
+
 loggers::detail::EventFileWriter& TensorBoardLogger::writer() {
-  if (!events_) events_ = std::make_unique<loggers::detail::EventFileWriter>(log_dir());
+  if (!events_) {
+    events_ = std::make_unique<loggers::detail::EventFileWriter>(log_dir());
+    if (purge_step_ >= 0) events_->add_session_start(std::exchange(purge_step_, -1), wall_time());
+  }
   return *events_;
 }
 

@@ -12,7 +12,8 @@
 // memo indices and string lengths). Input n of seed s is the same on every run. Batches run in a
 // forked child: a crash is counted, its input written to checkpoint-fuzz-<seed>-<n>.bin (in
 // $FULGUR_FUZZ_ARTIFACTS or the current folder), and the run goes on; the exit code is 1 if any
-// input crashed, hung or threw anything but CheckpointError.
+// input crashed, hung or threw anything but CheckpointError. An input refused only for its Python
+// objects must load with PythonObjects::as_dicts; whatever loads must save and load again.
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -178,6 +179,59 @@ Bytes rezip(const Seed& seed, const std::string& pickle) {
   return out;
 }
 
+/// A checkpoint as Python's torch.save and Lightning write it, by hand: a state_dict that is an
+/// OrderedDict with _metadata set by BUILD, hyperparameters that are Python objects (REDUCE, NEWOBJ
+/// with BUILD or SETITEMS, a class reference, Python 2 module names), short LONG1 integers, a complex
+/// number, a device, a Parameter and a _rebuild_tensor_v3 tensor over an UntypedStorage.
+Bytes python_seed() {
+  const auto text = [](const std::string& s) {
+    std::string out = "X";
+    for (int i = 0; i < 4; ++i) out += static_cast<char>(s.size() >> (8 * i));
+    return out + s;
+  };
+  const auto storage = [&](const std::string& type, const std::string& key, int count) {
+    return "((" + text("storage") + type + text(key) + text("cpu") + "K" + static_cast<char>(count) + "tQ";
+  };
+  const auto k = [](int v) { return std::string("K") + static_cast<char>(v); };  // BININT1
+  const std::string hooks = "\x89h\x01)R";  // requires_grad False, OrderedDict() of backward hooks
+  std::string p = std::string("\x80\x02}q\x00(", 6);
+  p += text("state_dict") + "ccollections\nOrderedDict\nq\x01)Rq\x02(";
+  p += text("model.0.weight") + "ctorch._utils\n_rebuild_tensor_v2\nq\x03" + storage("ctorch\nFloatStorage\nq\x04", "0", 6) +
+       k(0) + k(2) + k(3) + "\x86" + k(3) + k(1) + "\x86" + hooks + "tR";
+  p += text("model.0.bias") + "h\x03" + storage("h\x04", "1", 2) + k(0) + k(2) + "\x85" + k(1) + "\x85" + hooks + "tR";
+  p += "u}(" + text("_metadata") + "h\x01)R(" + text("") + "}" + text("version") + "K\x01suub";
+  p += text("hyper_parameters") + "}(";
+  p += text("data_dir") + "cpathlib\nPosixPath\n(" + text("/") + text("data") + "tR";
+  p += text("activation") + "c__main__\nActivation\n" + text("tanh") + "\x85R";
+  p += text("config") + "cargparse\nNamespace\n)\x81}" + text("seed") + "K\x07sb";
+  p += text("extra") + "clightning.fabric.utilities.data\nAttributeDict\n)\x81(" + text("note") + text("kept") + "u";
+  p += text("dtype") + "ctorch\nfloat32\n";
+  p += text("ids") + "c__builtin__\nset\n](K\x01K\x02" "e\x85R";
+  p += text("big") + std::string("\x8a\x05\x00\x00\x00\x00\x02", 7) + text("negative") + "\x8a\x01\xff";
+  p += text("z") + "c__builtin__\ncomplex\nG" + std::string("\x3f\xf8\0\0\0\0\0\0", 8) + "G" +
+       std::string("\xc0\0\0\0\0\0\0\0", 8) + "\x86R";
+  p += text("device") + "ctorch\ndevice\n" + text("cuda") + "K\x01\x86R";
+  p += "u";
+  p += text("param") + "ctorch._utils\n_rebuild_parameter\n(h\x03" + storage("h\x04", "0", 6) +
+       k(0) + k(6) + "\x85" + k(1) + "\x85" + hooks + "tR\x88h\x01)RtR";
+  p += text("float8") + "ctorch._utils\n_rebuild_tensor_v3\n" + storage("ctorch.storage\nUntypedStorage\n", "2", 4) +
+       k(0) + k(4) + "\x85" + k(1) + "\x85" + hooks + "ctorch\nfloat8_e4m3fn\ntR";
+  p += "u.";
+  Bytes out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t size) {
+    out.insert(out.end(), static_cast<const char*>(bytes), static_cast<const char*>(bytes) + size);
+    return size;
+  });
+  const at::Tensor weights = at::arange(6, at::kFloat), bias = at::ones({2}, at::kFloat);
+  const unsigned char float8[4] = {0x38, 0x40, 0x44, 0x48};
+  writer.writeRecord("data.pkl", p.data(), p.size());
+  writer.writeRecord("data/0", weights.data_ptr(), 24);
+  writer.writeRecord("data/1", bias.data_ptr(), 8);
+  writer.writeRecord("data/2", float8, 4);
+  writer.writeEndOfFile();
+  return out;
+}
+
 // ---- mutations ---------------------------------------------------------------------------------
 
 struct Rng {
@@ -253,7 +307,7 @@ std::uint32_t crc32(const char* data, std::size_t size) {
 
 const char kOpcodes[] = "()NGJKMQRX]abcdehjlqrstu}.\x81\x85\x86\x87\x88\x89\x8a\x8d\x80\x94\x95\x8c";
 
-/// A value that LibTorch's unpickler mishandles unless fulgur refuses it first.
+/// A value that an unpickler mishandles (LibTorch's did) unless fulgur refuses it first.
 std::string hostile_value(Rng& rng) {
   static const std::size_t depths[] = {10, 999, 1000, 1001, 5000, 200000};
   const std::size_t depth = depths[rng.below(std::size(depths))];
@@ -313,7 +367,7 @@ std::string pickle_mutation(const Seed& seed, Rng& rng) {
 Bytes mutate(const Seed& seed, Rng& rng) {
   Bytes b;
   switch (rng.below(10)) {
-    case 0: case 1: case 2: case 3: case 4:  // the pickle, re-zipped: LibTorch's unpickler sees it
+    case 0: case 1: case 2: case 3: case 4:  // the pickle, re-zipped: the unpickler sees it
       b = rezip(seed, pickle_mutation(seed, rng));
       break;
     case 5: {  // the pickle in place, CRC-32 fixed
@@ -344,8 +398,10 @@ Bytes mutate(const Seed& seed, Rng& rng) {
 
 // ---- running -------------------------------------------------------------------------------------
 
-// What refused an input: fulgur's zip, pickle or tensor checks, or LibTorch's own reader.
-const char* const kRefusedBy[] = {"not a checkpoint", "truncated", "zip check", "pickle check", "tensor check", "LibTorch"};
+// What refused an input: fulgur's zip, pickle or tensor checks, or LibTorch (a tensor it cannot make).
+const char* const kRefusedBy[] = {"not a checkpoint", "truncated", "zip check", "pickle check", "tensor check", "LibTorch",
+                                  "unreadable content"};
+const fulgur::checkpoint::LoadOptions as_dicts{.python_objects = fulgur::checkpoint::PythonObjects::as_dicts};
 
 /// By the message's start, which is fulgur's (what follows may quote the file).
 std::size_t refused_by(const std::string& what) {
@@ -355,12 +411,13 @@ std::size_t refused_by(const std::string& what) {
   if (starts("truncated")) return 1;
   if (starts("corrupt: its data.pkl")) return 3;
   if (starts("corrupt: tensor") || starts("corrupt: the storage of tensor")) return 4;
+  if (what.rfind("fulgur: fuzz input holds ", 0) == 0) return 6;
   return 2;
 }
 
 struct Shared {  // in memory shared with the forked child that runs a batch
   std::uint64_t current;  // the input being run
-  std::uint64_t done, loaded, rejected, resaved;
+  std::uint64_t done, loaded, rejected, resaved, python_objects;
   std::uint64_t refused[std::size(kRefusedBy)];
   int failed;  // 1: an exception other than CheckpointError, or an allocation failure reaching LibTorch
   char message[1024];
@@ -398,7 +455,20 @@ int run_one(const Bytes& input, Shared& shared) {
     return 1;
   };
   try {
-    const fulgur::StateDict state = fulgur::checkpoint::from_bytes(input, "fuzz input");
+    fulgur::StateDict state;
+    try {
+      state = fulgur::checkpoint::from_bytes(input, "fuzz input");
+    } catch (const fulgur::CheckpointError& e) {
+      if (std::string(e.what()).rfind("fulgur: fuzz input holds pickled Python objects", 0) != 0) throw;
+      // Refused for its Python objects alone: it loads when they are asked for.
+      ++shared.python_objects;
+      try {
+        state = fulgur::checkpoint::from_bytes(input, "fuzz input", as_dicts);
+      } catch (const std::exception& again) {
+        return fail(std::string("refused for its Python objects, but does not load with them as dictionaries: ") +
+                    again.what());
+      }
+    }
     touch(state.to_ivalue());
     ++shared.loaded;
     // What fulgur loads, it can write and read again.
@@ -447,9 +517,18 @@ struct Corpus {
   c.seeds.push_back(make_seed(fulgur::checkpoint::to_bytes(rich_state())));
   c.seeds.push_back(make_seed(fulgur::checkpoint::to_bytes(small)));
   c.seeds.push_back(make_seed(torch::jit::pickle_save(rich_state().to_ivalue())));  // type-tagged, as LibTorch writes
+  c.seeds.push_back(make_seed(python_seed()));
   for (const std::string& path : extra) {
     std::ifstream in(path, std::ios::binary);
     c.seeds.push_back(make_seed(Bytes(std::istreambuf_iterator<char>(in), {})));
+  }
+  for (const Seed& s : c.seeds) {  // a seed that does not load would fuzz only the refusals
+    try {
+      (void)fulgur::checkpoint::from_bytes(s.bytes, "seed", as_dicts);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fuzz: seed %zu does not load: %s\n", static_cast<std::size_t>(&s - c.seeds.data()), e.what());
+      std::exit(2);
+    }
   }
   return c;
 }
@@ -509,7 +588,8 @@ int main(int argc, char** argv) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  std::uint64_t next = 0, loaded = 0, rejected = 0, resaved = 0, crashes = 0, refused[std::size(kRefusedBy)] = {};
+  std::uint64_t next = 0, loaded = 0, rejected = 0, resaved = 0, python_objects = 0, crashes = 0,
+                refused[std::size(kRefusedBy)] = {};
   while (Clock::now() < deadline) {
     std::memset(shared, 0, sizeof(Shared));
     const std::uint64_t first = next;
@@ -533,7 +613,7 @@ int main(int argc, char** argv) {
       }
       ::usleep(2000);
     }
-    loaded += shared->loaded, rejected += shared->rejected, resaved += shared->resaved;
+    loaded += shared->loaded, rejected += shared->rejected, resaved += shared->resaved, python_objects += shared->python_objects;
     for (std::size_t i = 0; i < std::size(kRefusedBy); ++i) refused[i] += shared->refused[i];
     next = first + shared->done;
     if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
@@ -550,8 +630,9 @@ int main(int argc, char** argv) {
   std::printf("fuzz: %llu inputs, %llu loaded, %llu rejected, %llu crashes\n", static_cast<unsigned long long>(next),
               static_cast<unsigned long long>(loaded), static_cast<unsigned long long>(rejected),
               static_cast<unsigned long long>(crashes));
-  std::printf("(%.1f s, seed %llu, %zu seed checkpoints; %llu loaded inputs saved and loaded again)\n", elapsed,
-              static_cast<unsigned long long>(seed), corpus.seeds.size(), static_cast<unsigned long long>(resaved));
+  std::printf("(%.1f s, seed %llu, %zu seed checkpoints; %llu loaded inputs saved and loaded again; %llu loaded only with "
+              "Python objects as dictionaries)\n", elapsed, static_cast<unsigned long long>(seed), corpus.seeds.size(),
+              static_cast<unsigned long long>(resaved), static_cast<unsigned long long>(python_objects));
   std::printf("(refused by:");
   for (std::size_t i = 0; i < std::size(kRefusedBy); ++i)
     std::printf(" %s %llu%s", kRefusedBy[i], static_cast<unsigned long long>(refused[i]), i + 1 < std::size(kRefusedBy) ? "," : ")\n");

@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -41,26 +42,18 @@
 // After LibTorch: c10 defines a glog-style CHECK that must not replace Catch's.
 #include <catch2/catch.hpp>
 
-namespace checkpoint_tests {
-void skip(const std::string& why);  // main.cpp: the run exits 77 (skipped)
-}
+#include "support.hpp"
+
 
 namespace {
+
+using checkpoint_tests::TempFolder;
+using checkpoint_tests::checkpoint_error;
 
 using Bytes = std::vector<char>;
 using fulgur::StateDict;
 namespace checkpoint = fulgur::checkpoint;
 
-struct TempFolder {
-  std::string path;
-  TempFolder() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/fulgur-io-XXXXXX";
-    path = ::mkdtemp(pattern.data()) ? pattern : throw std::runtime_error("mkdtemp failed");
-  }
-  ~TempFolder() { fulgur::detail::remove_tree(path); }
-  std::string operator/(const std::string& name) const { return path + "/" + name; }
-};
 
 Bytes read_file(const std::string& path) {
   Bytes out;
@@ -106,18 +99,6 @@ std::string snapshot(const std::string& folder) {
 }
 
 /// The message of the fulgur::CheckpointError that f throws (a test failure for any other outcome).
-template <class F>
-std::string checkpoint_error(F&& f) {
-  try {
-    f();
-  } catch (const fulgur::CheckpointError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL("expected a fulgur::CheckpointError, got another exception: " << e.what());
-  }
-  FAIL("expected a fulgur::CheckpointError, got none");
-  return "";
-}
 
 c10::impl::GenericDict dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
@@ -199,7 +180,7 @@ std::string dict_with(const std::string& value) { return std::string("\x80\x02}"
 // ---- bad files -------------------------------------------------------------------------------
 
 TEST_CASE("a zero-length file is refused, naming the file", "[load]") {
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   write_file(tmp / "empty.ckpt", Bytes{});
   const std::string m = checkpoint_error([&] { checkpoint::load(tmp / "empty.ckpt"); });
   CHECK_THAT(m, Catch::Contains(tmp / "empty.ckpt") && Catch::Contains("is empty (0 bytes)") &&
@@ -207,7 +188,7 @@ TEST_CASE("a zero-length file is refused, naming the file", "[load]") {
 }
 
 TEST_CASE("a checkpoint cut at any offset is refused as truncated, and the file is left as it is", "[load]") {
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   const Bytes whole = checkpoint::to_bytes(rich_state());
   check_rich(checkpoint::from_bytes(whole));
   const std::string path = tmp / "cut.ckpt";
@@ -241,7 +222,7 @@ TEST_CASE("random bytes, a text file and a legacy torch.save file are refused", 
     CHECK_THAT(checkpoint_error([&] { checkpoint::from_bytes(b, "checkpoint 'random.ckpt'"); }),
                Catch::Contains("checkpoint 'random.ckpt' is"));
   }
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   write_file(tmp / "notes.txt", std::string("epoch,loss\n1,0.5\n"));
   CHECK_THAT(checkpoint_error([&] { checkpoint::load(tmp / "notes.txt"); }),
              Catch::Contains(tmp / "notes.txt") && Catch::Contains("is a text file (it begins \"epoch,loss\")") &&
@@ -259,7 +240,7 @@ TEST_CASE("random bytes, a text file and a legacy torch.save file are refused", 
 }
 
 TEST_CASE("a directory, a missing file, a FIFO and a device are refused without waiting", "[load]") {
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   ::mkdir((tmp / "folder").c_str(), 0755);
   CHECK_THAT(checkpoint_error([&] { checkpoint::load(tmp / "folder"); }),
              Catch::Contains(tmp / "folder") && Catch::Contains("is a directory") && Catch::Contains("/last.ckpt"));
@@ -288,7 +269,8 @@ TEST_CASE("a zip that does not hold a dictionary of tensors, numbers and strings
              Catch::Contains("a zip archive without the data.pkl"));
   const std::string object = std::string("\x80\x02", 2) + "c__main__\nNet\n)\x81}b.";
   CHECK_THAT(checkpoint_error([&] { checkpoint::from_bytes(zip_of({{"data.pkl", object}}), "checkpoint 'net.pt'"); }),
-             Catch::Contains("refers to __main__.Net") && Catch::Contains("a pickled Python object"));
+             Catch::Contains("checkpoint 'net.pt' holds pickled Python objects") &&
+                 Catch::Contains("__main__.Net (the whole file)"));
   const std::string int_key = std::string("\x80\x02}K\x01K\x02s.", 9);
   CHECK_THAT(checkpoint_error([&] { checkpoint::from_bytes(zip_of({{"data.pkl", int_key}}), "checkpoint 'k.pt'"); }),
              Catch::Contains("non-string key"));
@@ -304,7 +286,8 @@ TEST_CASE("a tensor whose storage or view reaches past its record is refused, no
   CHECK(at::equal(load(1000, 10, 495, 2).at("t").toTensor(), at::arange(10, 1000, 2, at::kFloat)));
   // LibTorch sizes the storage by the pickle's count and the view by its size, stride and offset.
   CHECK_THAT(checkpoint_error([&] { load(1'000'000, 0, 1000, 1); }),
-             Catch::Contains("the storage of tensor 't' claims 4000000 bytes, more than its record holds"));
+             Catch::Contains("checkpoint 'forged.ckpt' is corrupt: its data.pkl holds a storage of 1000000 Float "
+                             "elements (4000000 bytes) in record 'data/0', which holds 4000 bytes"));
   CHECK_THAT(checkpoint_error([&] { load(1000, 10, 1000, 1); }), Catch::Contains("reaches past its storage"));
   CHECK_THAT(checkpoint_error([&] { load(1000, 0, 2000, 1); }), Catch::Contains("reaches past its storage"));
   CHECK_THAT(checkpoint_error([&] { load(1000, 0, 1000, 3); }), Catch::Contains("reaches past its storage"));
@@ -348,7 +331,8 @@ TEST_CASE("hostile pickles that crash LibTorch's unpickler are refused first", "
   CHECK_THAT(error(std::string("\x80\x02}q\x00", 5) + str("k") + std::string("h\x00s.", 4)), Catch::Contains("contains itself"));
   // A call of _rebuild_from_type_v2 before the global it calls is read (LibTorch indexes past its table).
   CHECK_THAT(error(dict_with("ctorch._tensor\n_rebuild_from_type_v2\n(NNN}tR")), Catch::Contains("tensor subclass"));
-  CHECK_THAT(error(dict_with("ctorch._utils\n_rebuild_sparse_tensor\n")), Catch::Contains("refers to torch._utils._rebuild_sparse_tensor"));
+  CHECK_THAT(checkpoint_error([&] { checkpoint::from_bytes(zip_of({{"data.pkl", dict_with("ctorch._utils\n_rebuild_sparse_tensor\n")}})); }),
+             Catch::Contains("torch._utils._rebuild_sparse_tensor at 'k'"));
   CHECK_THAT(error(dict_with("]e")), Catch::Contains("has a MARK that does not match"));
 }
 
@@ -421,7 +405,7 @@ TEST_CASE("a record marked as a folder is refused: LibTorch would hand back an u
 }
 
 TEST_CASE("a file larger than this machine's memory is refused, not allocated", "[load]") {
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   const std::string path = tmp / "huge.ckpt";
   const long long memory = static_cast<long long>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -437,7 +421,7 @@ TEST_CASE("a file larger than this machine's memory is refused, not allocated", 
 }
 
 TEST_CASE("nothing on disk changes when a load fails", "[load]") {
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   const Bytes whole = checkpoint::to_bytes(rich_state());
   write_file(tmp / "cut.ckpt", Bytes(whole.begin(), whole.begin() + 1000));
   write_file(tmp / "empty.ckpt", Bytes{});
@@ -460,10 +444,15 @@ TEST_CASE("what Python's torch.save writes still loads", "[load]") {
     checkpoint_tests::skip("no Python to write a torch.save file with");
     return;
   }
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   const std::string script = R"(
-import sys, torch
+import collections, sys, torch
 t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+attributed = torch.arange(6.0)
+attributed.note = "a Python attribute"
+per_channel = torch.quantize_per_channel(torch.tensor([[0.5, 1.0], [2.0, 0.0]]), torch.tensor([0.5, 0.25], dtype=torch.float64),
+                                         torch.tensor([0, 1]), 0, torch.quint8)
 dtypes = [torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool]
 torch.save({
     "weight": t, "column": t[:, 1], "transposed": t.t(), "rows": t[1:], "again": t,
@@ -473,6 +462,12 @@ torch.save({
     "nested": {"a": {"b": {"c": [torch.ones(2)]}}},
     "many": {"k%d" % i: i for i in range(1500)},
     "tensors": [torch.full((2,), float(i)) for i in range(300)],
+    "module": net.state_dict(), "parameter": torch.nn.Parameter(torch.arange(4.0)), "attributed": attributed,
+    "float8": torch.arange(4.0).to(torch.float8_e4m3fn), "uint16": torch.arange(5).to(torch.uint16),
+    "ints": [2**33, -2**40, 2**63 - 1, -2**63, 255, -1], "complex": 1.5 - 2j,
+    "devices": [torch.device("cuda", 1), torch.device("cpu")], "ordered": collections.OrderedDict(a=1, b=2),
+    "quantized": torch.quantize_per_tensor(torch.tensor([0.5, 1.0, -2.0]), 0.5, 3, torch.qint8),
+    "per_channel": per_channel, "conjugate": torch.tensor([1 + 2j, -3j]).conj(),
 }, sys.argv[1])
 )";
   write_file(tmp / "make.py", script);
@@ -490,10 +485,116 @@ torch.save({
   CHECK(s.at("list").toListRef().at(5).toInt() == -7);
   CHECK(s.at("many").toGenericDict().size() == 1500);
   CHECK(s.at("tensors").toListRef().at(299).toTensor()[1].item<float>() == 299.0f);
+  // A module's state_dict is an OrderedDict with attributes (_metadata); parameters, tensors with Python
+  // attributes and dtypes without a typed storage (_rebuild_tensor_v3) are tensors; ints as Python writes them.
+  const StateDict module(s.at("module").toGenericDict());
+  CHECK(module.size() == 7);
+  CHECK(module.at("0.weight").toTensor().sizes() == at::IntArrayRef({2, 3}));
+  CHECK(module.at("1.num_batches_tracked").toTensor().scalar_type() == at::kLong);
+  CHECK(at::equal(s.at("parameter").toTensor(), at::arange(4, at::kFloat)));
+  CHECK(at::equal(s.at("attributed").toTensor(), at::arange(6, at::kFloat)));
+  CHECK(s.at("float8").toTensor().scalar_type() == at::kFloat8_e4m3fn);
+  CHECK(at::equal(s.at("float8").toTensor().to(at::kFloat), at::arange(4, at::kFloat)));
+  CHECK(s.at("uint16").toTensor().scalar_type() == at::kUInt16);
+  CHECK(at::equal(s.at("uint16").toTensor().to(at::kLong), at::arange(5, at::kLong)));
+  const auto ints = s.at("ints").toListRef();
+  CHECK(ints.at(0).toInt() == (std::int64_t{1} << 33));
+  CHECK(ints.at(1).toInt() == -(std::int64_t{1} << 40));
+  CHECK(ints.at(2).toInt() == std::numeric_limits<std::int64_t>::max());
+  CHECK(ints.at(3).toInt() == std::numeric_limits<std::int64_t>::min());
+  CHECK(ints.at(4).toInt() == 255);
+  CHECK(ints.at(5).toInt() == -1);
+  CHECK(s.at("complex").toComplexDouble() == c10::complex<double>(1.5, -2.0));
+  CHECK(s.at("devices").toListRef().at(0).toDevice() == c10::Device("cuda:1"));
+  CHECK(s.at("devices").toListRef().at(1).toDevice() == c10::Device("cpu"));
+  CHECK(s.at("ordered").toGenericDict().at("b").toInt() == 2);
+  const at::Tensor q = s.at("quantized").toTensor();
+  CHECK(q.qscheme() == at::kPerTensorAffine);
+  CHECK(q.q_scale() == 0.5);
+  CHECK(q.q_zero_point() == 3);
+  CHECK(at::equal(q.dequantize(), at::tensor({0.5f, 1.0f, -2.0f})));
+  const at::Tensor pc = s.at("per_channel").toTensor();
+  CHECK(pc.qscheme() == at::kPerChannelAffine);
+  CHECK(at::equal(pc.dequantize(), at::tensor({0.5f, 1.0f, 2.0f, 0.0f}).reshape({2, 2})));
+  const at::Tensor conjugate = s.at("conjugate").toTensor();
+  CHECK(conjugate.is_conj());
+  CHECK(at::equal(conjugate.resolve_conj(), at::tensor({c10::complex<float>(1, -2), c10::complex<float>(0, 3)})));
 }
 
 TEST_CASE("LibTorch's type-tagged pickles (torch::pickle_save) still load", "[load]") {
   check_rich(checkpoint::from_bytes(torch::jit::pickle_save(rich_state().to_ivalue())));
+}
+
+namespace {
+/// A pickle of a dict: key -> value for each pair (raw opcodes).
+std::string dict_of(const std::vector<std::pair<std::string, std::string>>& items) {
+  std::string p = std::string("\x80\x02}(", 4);
+  for (const auto& [key, value] : items) p += str(key) + value;
+  return p + "u.";
+}
+StateDict dict_at(const StateDict& s, const std::string& key) { return StateDict(s.at(key).toGenericDict()); }
+const checkpoint::LoadOptions as_dicts{.python_objects = checkpoint::PythonObjects::as_dicts};
+}  // namespace
+
+TEST_CASE("pickled Python objects are refused by default, each named with where it is, and read as dictionaries "
+          "when asked, never run",
+          "[load][python]") {
+  // What Python's pickler writes for each (protocol 2).
+  const std::string pickle = dict_of({
+      {"path", "cpathlib\nPosixPath\n(" + str("/") + str("data") + "tR"},           // (cls, args) REDUCE
+      {"color", "c__main__\nColor\n" + str("red") + "\x85R"},                        // an Enum member
+      {"config", "cargparse\nNamespace\n)\x81}" + str("seed") + "K\x07sb"},           // NEWOBJ, then BUILD's state
+      {"hparams", "cattr\nDict\n)\x81(" + str("a") + "K\x01u"},                      // a dict subclass: SETITEMS
+      {"items", "cmylib\nItems\n)\x81(K\x01K\x02" "e"},                                 // a list subclass: APPENDS
+      {"function", "cbuiltins\nprint\n"},                                            // a reference, not called
+      {"set", "c__builtin__\nset\n](K\x01K\x02" "e\x85R"},                               // Python 2's module name
+      {"plain", "K\x05"},
+  });
+  const std::string refused =
+      checkpoint_error([&] { checkpoint::from_bytes(zip_of({{"data.pkl", pickle}}), "checkpoint 'objects.ckpt'"); });
+  CHECK_THAT(refused, Catch::Contains("checkpoint 'objects.ckpt' holds pickled Python objects, which have no C++ form: "
+                                      "pathlib.PosixPath at 'path', __main__.Color at 'color', argparse.Namespace at "
+                                      "'config', attr.Dict at 'hparams', mylib.Items at 'items', builtins.print at "
+                                      "'function', and 1 more.") &&
+                          Catch::Contains("never runs anything") &&
+                          Catch::Contains("LoadOptions{.python_objects = fulgur::checkpoint::PythonObjects::as_dicts}"));
+
+  const StateDict s = checkpoint::from_bytes(zip_of({{"data.pkl", pickle}}), "objects", as_dicts);
+  CHECK(s.at("plain").toInt() == 5);
+  const StateDict path = dict_at(s, "path");
+  CHECK(path.at("__python__").toStringRef() == "pathlib.PosixPath");
+  CHECK(path.at("args").toTupleRef().elements().at(1).toStringRef() == "data");
+  CHECK(dict_at(s, "color").at("args").toTupleRef().elements().at(0).toStringRef() == "red");
+  const StateDict config = dict_at(s, "config");
+  CHECK(config.at("__python__").toStringRef() == "argparse.Namespace");
+  CHECK(config.at("args").toTupleRef().elements().empty());
+  CHECK(config.at("state").toGenericDict().at("seed").toInt() == 7);
+  CHECK(dict_at(s, "hparams").at("items").toGenericDict().at("a").toInt() == 1);
+  CHECK(dict_at(s, "items").at("list").toListRef().size() == 2);
+  const StateDict function = dict_at(s, "function");
+  CHECK(function.size() == 1);
+  CHECK(function.at("__python__").toStringRef() == "builtins.print");
+  CHECK(dict_at(s, "set").at("__python__").toStringRef() == "builtins.set");
+  CHECK(dict_at(s, "set").at("args").toTupleRef().elements().at(0).toListRef().size() == 2);
+  // Saved again, they are plain dictionaries.
+  CHECK(dict_at(checkpoint::from_bytes(checkpoint::to_bytes(s)), "config").at("state").toGenericDict().at("seed").toInt() == 7);
+
+  // The pickle is checked as before, objects included: one that holds itself, one nested too deep, a
+  // dictionary keyed by one, a state set on something that is not an object.
+  const auto error = [](const std::string& p) {
+    return checkpoint_error([&] { checkpoint::from_bytes(zip_of({{"data.pkl", p}}), "checkpoint 'hostile.ckpt'", as_dicts); });
+  };
+  CHECK_THAT(error(dict_with("cmod\nObj\n)\x81q\x01}" + str("self") + "h\x01sb")), Catch::Contains("contains itself"));
+  std::string nested = "cmod\nO\nq\x01";
+  for (int i = 0; i < 599; ++i) nested += "h\x01";
+  nested += "N";
+  for (int i = 0; i < 600; ++i) nested += "\x85R";
+  CHECK_THAT(error(dict_with(nested)), Catch::Contains("nests containers more than 1000 deep"));
+  CHECK_THAT(error(std::string("\x80\x02}", 3) + "cmod\nColor\n" + str("red") + "\x85RK\x01s."),
+             Catch::Contains("holds a dictionary keyed by Python objects (mod.Color)"));
+  CHECK_THAT(error(dict_with("}}b")), Catch::Contains("sets the state of something that is not a Python object"));
+  CHECK_THAT(error(dict_with("Nb")), Catch::Contains("sets the state of something that is not a Python object"));
+  CHECK_THAT(error(dict_with("N)\x81")), Catch::Contains("creates an instance of something that is not a class"));
 }
 
 // ---- crash safety ------------------------------------------------------------------------------
@@ -533,7 +634,7 @@ int env_int(const char* name, int fallback) {
 
 TEST_CASE("a writer SIGKILLed at any moment of a save leaves a complete checkpoint", "[save][kill]") {
   const Payloads payloads;
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   const std::string path = tmp / "last.ckpt";
   const int trials = env_int("FULGUR_CHECKPOINT_KILL_TRIALS", 60);
   const unsigned seed = static_cast<unsigned>(env_int("FULGUR_CHECKPOINT_KILL_SEED", 12345));
@@ -597,7 +698,7 @@ TEST_CASE("a writer SIGKILLed at any moment of a save leaves a complete checkpoi
 
 TEST_CASE("many saves leave no temporary files, and stale ones of dead writers are removed but live ones kept", "[save]") {
   const Payloads payloads;
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   for (int i = 0; i < 40; ++i) checkpoint::save(tmp / "model.ckpt", payloads.state(i));
   CHECK(entries(tmp.path) == std::vector<std::string>{"model.ckpt"});
   CHECK(payloads.check(checkpoint::load(tmp / "model.ckpt")) == 39);
@@ -632,7 +733,7 @@ TEST_CASE("many saves leave no temporary files, and stale ones of dead writers a
 
 TEST_CASE("threads saving one path at once never leave a broken checkpoint", "[save]") {
   const Payloads payloads;
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   const std::string path = tmp / "shared.ckpt";
   checkpoint::save(path, payloads.state(0));
   std::atomic<bool> stop{false};
@@ -670,7 +771,7 @@ TEST_CASE("threads saving one path at once never leave a broken checkpoint", "[s
 
 TEST_CASE("a save into an unwritable folder throws and keeps the previous checkpoint", "[save][disk]") {
   const Payloads payloads;
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   const std::string folder = tmp / "ro";
   ::mkdir(folder.c_str(), 0755);
   const std::string path = folder + "/last.ckpt";
@@ -720,7 +821,7 @@ TEST_CASE("a save into an unwritable folder throws and keeps the previous checkp
 
 TEST_CASE("a save onto a directory, or under a file, throws and changes nothing", "[save][disk]") {
   const Payloads payloads;
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   ::mkdir((tmp / "dir.ckpt").c_str(), 0755);
   write_file(tmp / "dir.ckpt/inside", std::string("x"));
   CHECK_THAT(checkpoint_error([&] { checkpoint::save(tmp / "dir.ckpt", payloads.state(0)); }),
@@ -735,7 +836,7 @@ TEST_CASE("a save onto a directory, or under a file, throws and changes nothing"
 
 TEST_CASE("a save cut short by a file size limit throws and keeps the previous checkpoint", "[save][disk]") {
   const Payloads payloads;
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   const std::string path = tmp / "last.ckpt";
   checkpoint::save(path, payloads.state(0));
   const Bytes before = read_file(path);
@@ -768,7 +869,7 @@ TEST_CASE("a save onto a full disk (a small tmpfs) throws and keeps the previous
   const Payloads payloads;
   int result[2];
   REQUIRE(::pipe(result) == 0);
-  TempFolder tmp;
+  TempFolder tmp("fulgur-io");
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {

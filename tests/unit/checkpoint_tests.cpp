@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <algorithm>
 #include <limits>
 
@@ -174,6 +176,119 @@ TEST_CASE("SIGTERM or SIGUSR1 during fit: a checkpoint at the batch boundary tha
   CHECK(again.result.checkpoint_path == root + "/hpc_ckpt_2.ckpt");
 }
 
+namespace {
+/// Runs the test from another current directory, and comes back.
+struct InDirectory {
+  explicit InDirectory(const std::string& folder) {
+    char here[4096];
+    REQUIRE(::getcwd(here, sizeof here) != nullptr);
+    previous = here;
+    REQUIRE(::chdir(folder.c_str()) == 0);
+  }
+  ~InDirectory() { (void)::chdir(previous.c_str()); }
+  std::string previous;
+};
+
+struct CountsShutdown {
+  int* exceptions;
+  int* teardowns;
+  void on_exception(TrainerView&, torch::nn::Module&, const std::exception&) { ++*exceptions; }
+  void teardown(TrainerView&, Stage) { ++*teardowns; }
+};
+}  // namespace
+
+TEST_CASE("relative default_root_dir: preemption, \"hpc\", ModelCheckpoint and \"last\" find their files (probe regressions)",
+          "[checkpoint][preemption][model_checkpoint]") {
+  const std::string folder = scratch_folder("relative");
+  InDirectory here(folder);
+  const Run straight = train<FloatPrecision>(-1, "", "", -1);
+  const Run stopped = train<FloatPrecision>(5, "", "", -1, 12, SIGTERM, "runs/a");
+  CHECK(stopped.result.checkpoint_path == "runs/a/hpc_ckpt_1.ckpt");
+  CHECK(fulgur::detail::path_exists(folder + "/runs/a/hpc_ckpt_1.ckpt"));
+  require_same_training(straight, train<FloatPrecision>(-1, "", "hpc", -1, 12, 0, "runs/a"), 2);
+  // ModelCheckpoint's default folder under a relative root, and "last" in a new Trainer, also with
+  // an explicit dirpath (known before any fit) and in a logger's version folder.
+  auto fit_with = [&](ModelCheckpointOptions options, bool logger, const std::string& resume, std::int64_t steps) {
+    torch::manual_seed(2);
+    ResumeNet net;
+    auto [x, y] = test::classification_data(32, 3);
+    data::TensorLoader loader(x, y, {.batch_size = 8});
+    TrainerConfig config{.max_steps = steps, .default_root_dir = "runs/b", .enable_progress_bar = false};
+    options.save_last = true;
+    if (logger) {
+      Trainer<CPU, Single, FloatPrecision, ModelCheckpoint, CSVLogger> trainer(config, ModelCheckpoint(options), CSVLogger());
+      return trainer.fit(net, loader, FitOptions{.ckpt_path = resume}).global_step;
+    }
+    Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> trainer(config, ModelCheckpoint(options));
+    return trainer.fit(net, loader, FitOptions{.ckpt_path = resume}).global_step;
+  };
+  CHECK(fit_with({}, false, "", 2) == 2);
+  CHECK(fulgur::detail::path_exists(folder + "/runs/b/checkpoints/last.ckpt"));
+  CHECK(fit_with({}, false, "last", 3) == 3);  // resumed at step 2: one more step
+  CHECK(fit_with({.dirpath = folder + "/elsewhere"}, false, "", 2) == 2);
+  CHECK(fit_with({.dirpath = folder + "/elsewhere"}, false, "last", 4) == 4);
+  CHECK(fit_with({.dirpath = "relative_to_cwd"}, false, "", 2) == 2);
+  CHECK(fulgur::detail::path_exists(folder + "/relative_to_cwd/last.ckpt"));  // Lightning: from the current directory
+  CHECK(fit_with({}, true, "", 2) == 2);
+  CHECK(fulgur::detail::path_exists(folder + "/runs/b/lightning_logs/version_0/checkpoints/last.ckpt"));
+  CHECK(fit_with({}, true, "last", 5) == 5);
+}
+
+TEST_CASE("preemption edge cases: the checkpoint cannot be written, hpc numbers, accumulation changed (probe regressions)",
+          "[checkpoint][preemption][errors]") {
+  const std::string folder = scratch_folder("preemption_edges");
+  // The root is a file: the error says the run was preempted and the save failed, after the shutdown hooks.
+  std::ofstream(folder + "/a_file") << "x";
+  int exceptions = 0, teardowns = 0;
+  {
+    ResumeNet net;
+    auto [x, y] = test::classification_data(32, 3);
+    data::TensorLoader loader(x, y, {.batch_size = 8});
+    Trainer<CPU, Single, FloatPrecision, SaveAtBatch, CountsShutdown> trainer(
+        TrainerConfig{.max_steps = 4, .default_root_dir = folder + "/a_file/root", .enable_progress_bar = false,
+                      .preemption = {.exit_process = false}},
+        SaveAtBatch{2, "", SIGTERM}, CountsShutdown{&exceptions, &teardowns});
+    const std::string message = test::message_of<CheckpointError>([&] { trainer.fit(net, loader); });
+    CHECK_THAT(message, Catch::Contains("preempted by SIGTERM") && Catch::Contains("could not be written"));
+  }
+  CHECK(exceptions == 1);
+  CHECK(teardowns == 1);
+  // hpc numbers beyond nine digits.
+  fulgur::detail::make_directories(folder + "/hpc");
+  std::ofstream(folder + "/hpc/hpc_ckpt_999999999.ckpt") << "x";
+  std::ofstream(folder + "/hpc/hpc_ckpt_1000000000.ckpt") << "x";
+  CHECK(fulgur::detail::hpc_checkpoint(folder + "/hpc", false) == folder + "/hpc/hpc_ckpt_1000000000.ckpt");
+  CHECK(fulgur::detail::hpc_checkpoint(folder + "/hpc", true) == folder + "/hpc/hpc_ckpt_1000000001.ckpt");
+  // A checkpoint inside an accumulation window resumes only with the same window.
+  train<FloatPrecision>(3, folder + "/window.ckpt", "", -1, 4);
+  torch::manual_seed(1);
+  ResumeNet net;
+  auto [x, y] = test::classification_data(64, 3);
+  data::TensorLoader loader(x, y, {.batch_size = 8, .shuffle = true, .seed = 11});
+  Trainer<CPU, Single, FloatPrecision> other(TrainerConfig{.max_steps = 6, .accumulate_grad_batches = 3,
+                                                           .enable_progress_bar = false});
+  CHECK_THAT(test::message_of<CheckpointError>([&] { other.fit(net, loader, FitOptions{.ckpt_path = folder + "/window.ckpt"}); }),
+             Catch::Contains("inside a gradient-accumulation window (batch 1 of 2") &&
+                 Catch::Contains("accumulate_grad_batches = 2"));
+}
+
+TEST_CASE("optimizer states of other parameters or another type: a CheckpointError before the first step (probe regression)",
+          "[checkpoint][fabric][errors]") {
+  Trainer<CPU, Single, FloatPrecision> trainer(TrainerConfig{.enable_progress_bar = false});
+  test::Classifier a(8, 16, 3), b(4, 32, 5);  // as many tensors, other shapes
+  torch::optim::Adam adam_a(a->parameters(), 1e-2), adam_b(b->parameters(), 1e-2);
+  auto [x, y] = test::classification_data(8, 3);
+  torch::nn::functional::cross_entropy(a->forward(x), y).backward();
+  adam_a.step();
+  const StateDict state = trainer.optimizer_state(adam_a);
+  CHECK_THAT(test::message_of<CheckpointError>([&] { trainer.load_optimizer_state(adam_b, state); }),
+             Catch::Contains("does not fit the optimizer's parameters") && Catch::Contains("parameter 0"));
+  torch::optim::SGD sgd(a->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  const std::string message = test::message_of<CheckpointError>([&] { trainer.load_optimizer_state(sgd, state); });
+  CHECK_THAT(message, Catch::Contains("does not fit the optimizer"));
+  CHECK_THAT(message, !Catch::Contains("report a bug"));
+}
+
 TEST_CASE("preemption: ckpt_path \"hpc\" without a checkpoint, and preemption off", "[checkpoint][preemption][errors]") {
   const std::string root = scratch_folder("no_hpc");
   CHECK_THROWS_WITH(train<FloatPrecision>(-1, "", "hpc", -1, 12, 0, root),
@@ -201,6 +316,57 @@ TEST_CASE("preemption: ckpt_path \"hpc\" without a checkpoint, and preemption of
   }
   CHECK(with != before.sa_handler);
   CHECK(without == before.sa_handler);
+}
+
+namespace {
+/// The run of train(), logging to a CSV and a TensorBoard logger in root; returns the log directory.
+std::string logged_run(const std::string& root, std::int64_t save_at, const std::string& resume_from) {
+  torch::manual_seed(resume_from.empty() ? 7 : 99);
+  ResumeNet net;
+  auto [x, y] = test::classification_data(64, 3);
+  auto [vx, vy] = test::classification_data(16, 4);
+  data::TensorLoader train_data(x, y, {.batch_size = 8, .shuffle = true, .seed = 11});
+  data::TensorLoader val_data(vx, vy, {.batch_size = 8});
+  TrainerConfig config{.max_steps = 12, .accumulate_grad_batches = 2, .val_check_interval = 4, .log_every_n_steps = 1,
+                       .default_root_dir = root, .enable_progress_bar = false};
+  Trainer<CPU, Single, FloatPrecision, SaveAtBatch, CSVLogger, TensorBoardLogger> trainer(
+      config, SaveAtBatch{save_at, root + "/at.ckpt"}, CSVLogger(), TensorBoardLogger());
+  trainer.fit(net, train_data, val_data, FitOptions{.ckpt_path = resume_from});
+  return trainer.callback<CSVLogger>().log_dir();
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+TEST_CASE("a resumed run's loggers write on in the checkpoint's version: one CSV and one TensorBoard history", "[checkpoint][loggers]") {
+  const std::string straight_root = scratch_folder("logs_straight"), root = scratch_folder("logs_resumed");
+  const std::string straight = logged_run(straight_root, -1, "");
+  // The first run saves after batch 6 (logging step 3) and goes on to the end, logging past it; the
+  // resumed run writes on in version_0 from step 3 and replaces what came after the checkpoint.
+  const std::string first = logged_run(root, 6, "");
+  const std::string resumed = logged_run(root, -1, root + "/at.ckpt");
+  CHECK(resumed == first);
+  CHECK(resumed == root + "/lightning_logs/version_0");
+  CHECK_FALSE(fulgur::detail::path_exists(root + "/lightning_logs/version_1"));
+  const std::string expected_csv = file_text(straight + "/metrics.csv");
+  CHECK(expected_csv.size() > 100);
+  CHECK(file_text(resumed + "/metrics.csv") == expected_csv);  // the same rows, values bit for bit
+  const std::string command = std::string(FULGUR_TEST_PYTHON) + " " + FULGUR_SOURCE_DIR +
+                              "/tests/loggers/compare_tensorboard.py " + straight + " " + resumed;
+  CHECK(std::system(command.c_str()) == 0);
+  // A logger given its own version keeps it.
+  torch::manual_seed(1);
+  ResumeNet net;
+  auto [x, y] = test::classification_data(16, 3);
+  data::TensorLoader loader(x, y, {.batch_size = 8});
+  Trainer<CPU, Single, FloatPrecision, CSVLogger> pinned(
+      TrainerConfig{.max_steps = 1, .default_root_dir = root, .enable_progress_bar = false},
+      CSVLogger(LoggerOptions{.version = std::int64_t{7}}));
+  pinned.fit(net, loader);  // a fresh fit: version 7 as asked
+  CHECK(pinned.callback<CSVLogger>().version() == "version_7");
 }
 
 namespace {
@@ -350,6 +516,7 @@ TEST_CASE("resuming refuses what cannot continue, naming it", "[checkpoint][erro
   checkpoint::save(folder + "/other.ckpt", other);
   const std::string mismatch = resume(folder + "/other.ckpt");
   CHECK_THAT(mismatch, Catch::Contains("does not fit the module"));
+  CHECK_THAT(mismatch, Catch::Contains(folder + "/other.ckpt"));  // the file is named (probe finding)
   CHECK_THAT(mismatch, Catch::Contains("extra.bias"));
   CHECK_THAT(mismatch, Catch::Contains("size mismatch for fc1.weight"));
   // Not fulgur's, not a checkpoint, absent, a folder.

@@ -76,6 +76,27 @@ class CallbackSet {
       }
     });
   }
+  /// Each logger's version directory, under "<type>/<name>" (what a resumed run writes on in).
+  StateDict logger_versions() const {
+    StateDict out;
+    std::apply([&](const auto&... item) {
+      ([&] {
+        if constexpr (requires { item.log_dir(); item.version(); item.name(); })
+          if (!item.log_dir().empty()) out.insert(logger_key(item), item.version());
+      }(), ...);
+    }, items_);
+    return out;
+  }
+  /// Points each logger that has no version of its own at the one the checkpoint's run wrote to,
+  /// from the checkpoint's logging `step` on; before set_up_loggers.
+  void resume_loggers(const StateDict& versions, std::int64_t step) {
+    for_each_logger([&](auto& logger) {
+      if constexpr (requires { logger.resume(std::string(), step); logger.name(); })
+        if (const std::string key = logger_key(logger); versions.contains(key) && versions.at(key).isString())
+          logger.resume(versions.at(key).toStringRef(), step);
+    });
+  }
+
   /// Every logger gets the metrics, then saves (Lightning's logger connector does both).
   void log_metrics(const Metrics& metrics, std::int64_t step) {
     for_each_logger([&](auto& logger) {
@@ -128,6 +149,10 @@ class CallbackSet {
     { cc.state_dict() } -> std::convertible_to<StateDict>;
     c.load_state_dict(s);
   };
+  template <class L>
+  static std::string logger_key(const L& logger) {
+    return c10::demangle(typeid(L).name()) + "/" + std::string(logger.name());
+  }
   template <class C>
   static std::string state_key_of(const C& item) {
     if constexpr (requires { item.state_key(); })

@@ -32,9 +32,11 @@ void set_random_state(const StateDict& state, const std::string& what);
 StateDict scheduler_state(const AnyLRScheduler& scheduler);
 void load_scheduler_state(AnyLRScheduler& scheduler, const StateDict& state, const std::string& what);
 
-/// A checkpoint's module weights (its "state_dict", or the dictionary itself when it is one), with
-/// `prefix` taken off the keys that start with it: "model." for a LightningModule that holds the
-/// network as self.model. Give the result to load_module_state_dict (strict lists what differs).
+/// A checkpoint's module weights: its "state_dict" (or the dictionary itself when it has none). With a
+/// prefix, the entries under it with the prefix taken off: "model." (or "model") for a LightningModule
+/// that holds the network as self.model; the module's other members' entries are left out. A prefix
+/// that no key starts with is a CheckpointError that lists the prefixes the keys have. Give the result
+/// to load_module_state_dict (strict lists what differs).
 StateDict module_weights(const StateDict& checkpoint, const std::string& prefix = "");
 
 /// The "fulgur" entry: format_version, versions, the combination that wrote it, the world size.

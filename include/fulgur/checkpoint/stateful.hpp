@@ -12,7 +12,12 @@
 //   fulgur::StateDict rest = trainer.load("run.ckpt", state);  // model, optimizer, step restored
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 
 #include <concepts>
 #include <cstdint>
@@ -36,6 +41,51 @@ concept stateful = requires(T& object, const StateDict& state) {
   { object.state_dict() } -> std::convertible_to<StateDict>;
   object.load_state_dict(state);
 };
+
+namespace detail {
+template <class T>
+struct is_module_pointer : std::is_base_of<torch::detail::ModuleHolderIndicator, T> {};  // TORCH_MODULE holders
+template <class T>
+struct is_module_pointer<std::shared_ptr<T>> : std::is_base_of<torch::nn::Module, T> {};
+template <class T>
+inline constexpr bool checkpoint_entry_type =
+    std::derived_from<T, torch::nn::Module> || std::derived_from<T, torch::optim::Optimizer> ||
+    is_module_pointer<T>::value || stateful<T> || std::same_as<T, std::int64_t> || std::same_as<T, double> ||
+    std::same_as<T, bool> || std::same_as<T, std::string> || std::same_as<T, at::Tensor> || std::same_as<T, StateDict>;
+template <class>
+inline constexpr bool always_false = false;
+
+/// After an optimizer state was loaded: each parameter's buffers (Adam's moments, SGD's momentum,
+/// ...) have the parameter's shape. LibTorch checks only the count of parameters, so a state of
+/// another model of as many tensors loads and fails at the first step, inside the kernel.
+inline void check_optimizer_state_shapes(torch::optim::Optimizer& optimizer) {
+  std::size_t index = 0;
+  for (auto& group : optimizer.param_groups())
+    for (const at::Tensor& p : group.params()) {
+      const auto found = optimizer.state().find(p.unsafeGetTensorImpl());
+      ++index;
+      if (found == optimizer.state().end()) continue;
+      std::vector<at::Tensor> buffers;
+      const torch::optim::OptimizerParamState* state = found->second.get();
+      if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state))
+        buffers = {adam->exp_avg(), adam->exp_avg_sq(), adam->max_exp_avg_sq()};
+      else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state))
+        buffers = {adamw->exp_avg(), adamw->exp_avg_sq(), adamw->max_exp_avg_sq()};
+      else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state))
+        buffers = {sgd->momentum_buffer()};
+      else if (const auto* rms = dynamic_cast<const torch::optim::RMSpropParamState*>(state))
+        buffers = {rms->square_avg(), rms->momentum_buffer(), rms->grad_avg()};
+      else if (const auto* adagrad = dynamic_cast<const torch::optim::AdagradParamState*>(state))
+        buffers = {adagrad->sum()};
+      for (const at::Tensor& buffer : buffers)
+        if (buffer.defined() && buffer.sizes() != p.sizes())
+          throw CheckpointError("fulgur: the optimizer state does not fit the optimizer's parameters: parameter " +
+                                std::to_string(index - 1) + " has shape " + c10::str(p.sizes()) + ", its state " +
+                                c10::str(buffer.sizes()) + "; load the state of an optimizer over the same "
+                                "parameters (the same model).");
+    }
+}
+}  // namespace detail
 
 class CheckpointState {
  public:
@@ -66,6 +116,17 @@ class CheckpointState {
         : name_(std::move(name)),
           object_(Custom{[&object] { return StateDict(object.state_dict()); },
                          [&object](const StateDict& state) { object.load_state_dict(state); }}) {}
+
+    /// Anything else: one message saying what an entry can be.
+    template <class T>
+      requires(!detail::checkpoint_entry_type<T>)
+    Entry(std::string, T&) {
+      static_assert(detail::always_false<T>,
+                    "fulgur::CheckpointState entries are modules, optimizers, std::int64_t, double, bool, "
+                    "std::string, at::Tensor, StateDict or objects with state_dict()/load_state_dict(StateDict), "
+                    "held by non-const reference (load writes into them): keep an int or size_t counter as "
+                    "std::int64_t and a float as double.");
+    }
 
     const std::string& name() const { return name_; }
 
@@ -174,13 +235,11 @@ class CheckpointState {
                              const std::string& where) {
     try {
       fabric.load_optimizer_state(optimizer, state);
-    } catch (const CheckpointError&) {
-      throw;
     } catch (const std::exception& e) {
       std::string text = e.what();
       text = text.substr(0, text.find('\n'));
-      throw CheckpointError("fulgur: " + where + " does not fit the optimizer (" + text + "); load it into an "
-                            "optimizer of the same type over the same parameters.");
+      if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
+      throw CheckpointError("fulgur: " + where + ": " + text);
     }
   }
 

@@ -16,6 +16,9 @@ void rename_path(const std::string& from, const std::string& to);
 /// rm -rf; nothing if the path does not exist.
 void remove_tree(const std::string& path);
 bool path_exists(const std::string& path);
+/// The path from the root: a relative one is taken from the current directory (getcwd); "./" and a
+/// trailing "/." are dropped. A path that is absolute stays as it is.
+std::string absolute_path(const std::string& path);
 /// "a/b/c" -> "a/b"; "c" -> "."; "/c" -> "/".
 std::string parent_folder(const std::string& path);
 /// The most recently modified regular file named prefix*suffix in any of the folders ("" if none).

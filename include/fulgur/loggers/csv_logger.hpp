@@ -33,8 +33,12 @@ class CSVLogger {
   /// Writes what is buffered to metrics.csv.
   void save();
   void finalize(std::string_view status);
+  /// Resuming from a checkpoint: write on in `version`, keeping the rows metrics.csv has before
+  /// `step` (the checkpoint's logging step; later rows came after the checkpoint and are logged again).
+  void resume(const std::string& version, std::int64_t step);
 
   std::string_view name() const { return directory_.options().name; }
+  const LoggerOptions& options() const { return directory_.options(); }
   std::string version() const { return directory_.version_name(); }
   /// <save_dir>/<name>/version_<n> (known once a run has started).
   const std::string& log_dir() const { return directory_.path(); }
@@ -55,6 +59,7 @@ class CSVLogger {
   bool started_ = false;                           // this logger wrote the file's header
   std::unique_ptr<std::FILE, CloseFile> appending_;  // metrics.csv, open from a run's first save to its end
   Hyperparameters hparams_;
+  std::int64_t resume_step_ = -1;  // >= 0: the next save takes in the rows of the resumed run's file
 };
 
 }  // namespace fulgur

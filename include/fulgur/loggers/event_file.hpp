@@ -50,6 +50,9 @@ class EventFileWriter {
   void add_hparams(const fulgur::Hyperparameters& hparams, const std::vector<std::string>& metric_tags,
                    double wall_time);
 
+  /// SummaryWriter(purge_step=step)'s marker: Event{step, session_log: START}. TensorBoard drops the
+  /// events of earlier files at this step and later (a run resumed from a checkpoint rewrites them).
+  void add_session_start(std::int64_t step, double wall_time);
   /// Hands buffered events to the OS (std::fflush).
   void flush();
   /// Flushes, fsyncs and closes the file. Idempotent; the destructor calls it (and swallows errors).

@@ -32,6 +32,9 @@ class LogDirectory {
  public:
   explicit LogDirectory(const LoggerOptions& options) : options_(options) {}
   void resolve(const std::string& default_root_dir);
+  /// A resumed run writes on in the version the checkpoint's run wrote to, unless the options name
+  /// one or the directory is resolved already (this logger wrote in this process before).
+  bool resume(const std::string& version);
   bool resolved() const { return !path_.empty(); }
   /// save_dir/name/version_<n> (empty before resolve).
   const std::string& path() const { return path_; }

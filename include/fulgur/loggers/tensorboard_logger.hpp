@@ -37,8 +37,13 @@ class TensorBoardLogger {
   void log_hyperparams(const Hyperparameters& hparams);
   void save();
   void finalize(std::string_view status);
+  /// Resuming from a checkpoint: write on in `version`; the new event file starts with TensorBoard's
+  /// purge marker at `step` (the checkpoint's logging step), so what the earlier run logged from
+  /// there on — after its checkpoint — is replaced by what the resumed run logs.
+  void resume(const std::string& version, std::int64_t step);
 
   std::string_view name() const { return directory_.options().name; }
+  const LoggerOptions& options() const { return directory_.options(); }
   std::string version() const { return directory_.version_name(); }
   const std::string& log_dir() const { return directory_.path(); }
   /// The event file (empty before the first write).
@@ -50,6 +55,7 @@ class TensorBoardLogger {
   loggers::detail::LogDirectory directory_;
   TensorBoardOptions tensorboard_;
   bool writer_rank_ = true;
+  std::int64_t purge_step_ = -1;  // >= 0: the next event file starts with the purge marker
   std::unique_ptr<loggers::detail::EventFileWriter> events_;
   Hyperparameters hparams_;
 };

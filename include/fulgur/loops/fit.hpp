@@ -105,6 +105,7 @@ class FitLoop final : public detail::FitCheckpointing {
     InterruptHandler interrupt_handler(config_.handle_interrupt, config_.preemption.enabled);
     try {
       StateDict resumed = read_checkpoint();  // before any hook: a bad file fails fast
+      if (!resumed.empty()) resume_loggers(resumed);
       set_up();
       if (!resumed.empty()) restore(resumed);
       hook_(hooks::on_fit_start);
@@ -120,7 +121,17 @@ class FitLoop final : public detail::FitCheckpointing {
       hook_(hooks::teardown, Stage::fit);
       fabric_.callback_set().finalize_loggers("success");
     } catch (const Preempted& e) {  // the batch finished: save where the run is, then shut down
-      const std::string path = write_preemption_checkpoint();
+      std::string path;
+      try {
+        path = write_preemption_checkpoint();
+      } catch (const std::exception& failure) {  // the shutdown still runs; the error says both
+        hook_(hooks::on_exception, e);
+        fabric_.callback_set().finalize_loggers("failed");
+        hook_(hooks::teardown, Stage::fit);
+        throw CheckpointError(std::string("fulgur: ") + e.what() + ", but its checkpoint could not be written: " +
+                              failure.what() + " The run ends without one: resume from an earlier checkpoint, and "
+                              "make default_root_dir writable.");
+      }
       hook_(hooks::on_exception, e);
       fabric_.callback_set().finalize_loggers("interrupted");
       hook_(hooks::teardown, Stage::fit);
@@ -199,6 +210,7 @@ class FitLoop final : public detail::FitCheckpointing {
     }
     if constexpr (requires { module.hparams(); }) c.insert("hyper_parameters", hyperparameters(module.hparams()));
     StateDict stamp = checkpoint::stamp(Fabric::combination_name(), fabric_.world_size());
+    stamp.insert("loggers", fabric_.callback_set().logger_versions().to_ivalue());
     if (!weights_only) stamp.insert("ranks", rank_states().to_ivalue());
     c.insert("fulgur", stamp.to_ivalue());
     hook_(hooks::on_save_checkpoint, c);
@@ -220,6 +232,7 @@ class FitLoop final : public detail::FitCheckpointing {
     s.insert("skipped_in_epoch", mid_epoch ? progress_.skipped_in_epoch : std::int64_t{0});
     s.insert("skipped_in_a_row", progress_.skipped_in_a_row);
     s.insert("skipped_total", skipped_total_);
+    s.insert("accumulate_grad_batches", config_.accumulate_grad_batches);
     s.insert("metrics", mid_epoch ? c10::IValue(train_metrics_.state()) : c10::IValue(c10::impl::GenericList(c10::AnyType::get())));
     s.insert("views", views_.state());
     if constexpr (requires { train_.state_dict(); }) s.insert("loader", train_.state_dict().to_ivalue());
@@ -272,6 +285,15 @@ class FitLoop final : public detail::FitCheckpointing {
     if (fabric_.is_global_zero()) ::unlink(fabric_.resolve_path(path).c_str());
   }
 
+  /// The loggers write on in the version directories of the checkpoint's run, from its logging step.
+  void resume_loggers(const StateDict& c) {
+    const StateDict stamp = checkpoint::require_dict(c, "fulgur", "checkpoint '" + checkpoint_path_ + "'");
+    if (!stamp.contains("loggers") || !stamp.at("loggers").isGenericDict()) return;  // written before loggers were kept
+    const StateDict loop = checkpoint::require_dict(checkpoint::require_dict(c, "loops", "checkpoint"), "fit_loop", "checkpoint's loops");
+    fabric_.callback_set().resume_loggers(StateDict(stamp.at("loggers").toGenericDict()),
+                                          checkpoint::require_int(loop, "batches_that_stepped", "checkpoint's fit_loop"));
+  }
+
   /// Everything but the parts that wait for their moment (random state, what this epoch logged).
   void restore(const StateDict& c) {
     const std::string what = "checkpoint '" + checkpoint_path_ + "'";
@@ -283,10 +305,11 @@ class FitLoop final : public detail::FitCheckpointing {
            "to the Trainer's arguments to restore it (Lightning warns the same).");
     try {
       fabric_.load_module_state(module, checkpoint::require_dict(c, "state_dict", what), /*strict=*/true);
-    } catch (const CheckpointError&) {
-      throw;
-    } catch (const Error& e) {
-      throw CheckpointError("fulgur: " + what + " does not fit the module: " + e.what());
+    } catch (const Error& e) {  // resuming is strict: weights alone go through checkpoint::module_weights
+      std::string text = e.what();
+      if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
+      throw CheckpointError("fulgur: " + what + " does not fit the module " + module.name() + " (resuming a fit "
+                            "needs every weight): " + text);
     }
     const auto optimizer_states = checkpoint::require(c, "optimizer_states", what).toList();
     const auto schedulers = checkpoint::require(c, "lr_schedulers", what).toList();
@@ -297,10 +320,12 @@ class FitLoop final : public detail::FitCheckpointing {
     for (std::size_t i = 0; i < optimizers_.size(); ++i) {
       try {
         fabric_.load_optimizer_state(*optimizers_[i].optimizer, StateDict(optimizer_states.get(i).toGenericDict()));
-      } catch (const c10::Error& e) {
+      } catch (const std::exception& e) {
+        std::string text = e.what();
+        if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
         throw CheckpointError("fulgur: " + what + "'s optimizer state " + std::to_string(i) + " does not fit the "
-                              "optimizer configure_optimizers returned (" + detail::first_line(e.what_without_backtrace()) +
-                              "); resume with the same optimizer type and parameters.");
+                              "optimizer configure_optimizers returned: " + detail::first_line(text) +
+                              " Resume with the same optimizer type and parameters.");
       }
       if (i < schedulers.size())
         checkpoint::load_scheduler_state(optimizers_[i].lr_scheduler, StateDict(schedulers.get(i).toGenericDict()),
@@ -319,6 +344,15 @@ class FitLoop final : public detail::FitCheckpointing {
     progress_.skipped_in_a_row = count("skipped_in_a_row");
     skipped_total_ = count("skipped_total");
     resume_batch_ = count("batch_idx");
+    if (loop.contains("accumulate_grad_batches")) {  // inside a window, its length must stay
+      const std::int64_t saved = count("accumulate_grad_batches");
+      if (resume_batch_ % saved != 0 && saved != config_.accumulate_grad_batches)
+        throw CheckpointError("fulgur: " + what + " was taken inside a gradient-accumulation window (batch " +
+                              std::to_string(resume_batch_ % saved) + " of " + std::to_string(saved) + ", its "
+                              "gradients saved with it); resume with accumulate_grad_batches = " +
+                              std::to_string(saved) + " (this run has " + std::to_string(config_.accumulate_grad_batches) +
+                              "), or from a checkpoint at a window's end.");
+    }
     ctx_.current_epoch = progress_.epochs_done;
     ctx_.global_step = progress_.global_step;
     view_.set_logging_step(progress_.batches_that_stepped);
