@@ -10,6 +10,7 @@ LIGHTNING_VERSION=2.6.6
 SKLEARN_VERSION=1.7.2
 NUMPY_VERSION=2.3.5
 TENSORBOARD_VERSION=2.21.0  # the logger tests read fulgur's event files with its reader
+MATPLOTLIB_VERSION=3.11.2   # bench/compare/compare.py's plots
 
 debs=(libboost-dev catch2 libbenchmark-dev ccache python3-venv ninja-build iproute2 procps clang-16)
 missing=()
@@ -23,7 +24,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-stamp="$venv/.fulgur-setup-$TORCH_VERSION-$LIGHTNING_VERSION-$SKLEARN_VERSION-$TENSORBOARD_VERSION"
+stamp="$venv/.fulgur-setup-$TORCH_VERSION-$LIGHTNING_VERSION-$SKLEARN_VERSION-$TENSORBOARD_VERSION-$MATPLOTLIB_VERSION"
 if [ ! -f "$stamp" ]; then
   py="${FULGUR_PYTHON:-python3}"
   [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
@@ -31,7 +32,7 @@ if [ ! -f "$stamp" ]; then
   echo "[setup] installing torch==$TORCH_VERSION (LibTorch) into $venv"
   "$venv/bin/python" -m pip install -q "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" \
       "scikit-learn==$SKLEARN_VERSION" "lightning==$LIGHTNING_VERSION" \
-      "tensorboard==$TENSORBOARD_VERSION"
+      "tensorboard==$TENSORBOARD_VERSION" "matplotlib==$MATPLOTLIB_VERSION"
   touch "$stamp"
 fi
 echo "[setup] ok: $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)')"

@@ -134,6 +134,36 @@ def cpp(worker, mode, precision, folder):
     return result["seconds"], result["losses"]
 
 
+def plot(rows, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = [r for r in rows if r[1] != "ratios" and r[2] is not None]
+    precisions = list(dict.fromkeys(r[0] for r in measured))
+    names = list(dict.fromkeys(r[1] for r in measured))
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for i, name in enumerate(names):
+        xs, medians, below, above = [], [], [], []
+        for j, precision in enumerate(precisions):
+            row = next((r for r in measured if r[0] == precision and r[1] == name), None)
+            if row:
+                xs.append(j + (i - (len(names) - 1) / 2) * width)
+                medians.append(row[2])
+                below.append(row[2] - row[3])
+                above.append(row[4] - row[2])
+        ax.bar(xs, medians, width, yerr=[below, above], capsize=2, label=name)
+    ax.set_xticks(range(len(precisions)), precisions)
+    ax.set_ylabel("µs per training step (median, min-max)")
+    ax.set_title(title.split(" (")[0], fontsize=8)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", required=True)
@@ -141,6 +171,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed", "16-mixed"])
     parser.add_argument("--docs")
+    parser.add_argument("--plot", help="a PNG of the median step times (min-max as error bars)")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 unless every framework ran and followed raw PyTorch's loss trajectory exactly "
                              "(fulgur and raw LibTorch in every precision, Lightning in 32-true and bf16-mixed)")
@@ -239,6 +270,8 @@ def main():
                 f.write(doc)
         else:
             print(f"{args.docs} has no {begin} ... {end} markers; nothing written", file=sys.stderr)
+    if args.plot:
+        plot(rows, args.plot, header)
     if args.check:
         for p in problems:
             print("PROBLEM:", p)
