@@ -44,26 +44,69 @@ class MLP(nn.Module):
         return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
 
 
+class Block(nn.Module):
+    """bench/matrix/gpt.hpp's block, under the same names: pre-norm causal attention and an MLP."""
+
+    def __init__(self, width=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.qkv, self.proj = nn.LayerNorm(width), nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.ln2, self.fc1, self.fc2 = nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        b, t, w = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = x + self.proj(attended.transpose(1, 2).reshape(b, t, w))
+        return y + self.fc2(F.gelu(self.fc1(self.ln2(y))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=256, width=64, context=64):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Parameter(torch.randn(context, width) * 0.02)
+        self.block1, self.block2 = Block(width), Block(width)
+        self.ln, self.head = nn.LayerNorm(width), nn.Linear(width, vocab)
+
+    def forward(self, x):
+        return self.head(self.ln(self.block2(self.block1(self.tokens(x) + self.positions[: x.size(1)]))))
+
+
+MODELS = {  # the network, its optimizer (as the C++ modules' configure_optimizers), one batch
+    "mlp": (MLP, lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9),
+            lambda: (torch.randn(64, 32), torch.randint(10, (64,)))),
+    "gpt": (GPT, lambda p: torch.optim.AdamW(p, lr=3e-4),
+            lambda: (lambda text: (text[:, :64].contiguous(), text[:, 1:].contiguous()))(torch.randint(256, (8, 65)))),
+}
+MODEL = "mlp"
+
+
+def loss_of(logits, y):
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+
 TRUE_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64}
 MIXED_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
 def raw_pytorch(precision, init, xs, ys):
-    model = MLP()
+    make, make_optimizer, _ = MODELS[MODEL]
+    model = make()
     model.load_state_dict(init)
     dtype = TRUE_DTYPES.get(precision)
     if dtype is not None:
         model.to(dtype)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    optimizer = make_optimizer(model.parameters())
     scaler = torch.amp.GradScaler("cpu") if precision == "16-mixed" else None
     losses = []
     start = time.perf_counter()
     for x, y in zip(xs, ys):
-        if dtype is not None:
+        if dtype is not None and x.is_floating_point():
             x = x.to(dtype)
         with torch.autocast("cpu", dtype=MIXED_DTYPES.get(precision, torch.bfloat16),
                             enabled=precision in MIXED_DTYPES):
-            loss = F.cross_entropy(model(x), y)
+            loss = loss_of(model(x), y)
         losses.append(loss.detach())
         if scaler is not None:
             scaler.scale(loss).backward()
@@ -78,15 +121,16 @@ def raw_pytorch(precision, init, xs, ys):
 
 def fabric(precision, init, xs, ys):
     f = L.Fabric(accelerator="cpu", devices=1, precision=precision)
-    model = MLP()
+    make, make_optimizer, _ = MODELS[MODEL]
+    model = make()
     model.load_state_dict(init)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    optimizer = make_optimizer(model.parameters())
     start = time.perf_counter()
     model, optimizer = f.setup(model, optimizer)
     losses = []
     for x, y in zip(xs, ys):
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
+        loss = loss_of(model(x), y)
         losses.append(loss.detach())
         f.backward(loss)
         optimizer.step()
@@ -96,20 +140,20 @@ def fabric(precision, init, xs, ys):
 class LitMLP(L.LightningModule):
     def __init__(self, init, log):
         super().__init__()
-        self.net = MLP()
+        self.net = MODELS[MODEL][0]()
         self.net.load_state_dict(init)
         self.losses, self.log_loss = [], log
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        loss = F.cross_entropy(self.net(x), y)
+        loss = loss_of(self.net(x), y)
         self.losses.append(loss.detach())
         if self.log_loss:
             self.log("train_loss", loss, prog_bar=True)
         return loss
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=1e-2, momentum=0.9)
+        return MODELS[MODEL][1](self.parameters())
 
 
 def trainer(precision, init, xs, ys, logged=False):
@@ -128,7 +172,7 @@ def trainer(precision, init, xs, ys, logged=False):
 
 
 def cpp(worker, mode, precision, folder):
-    out = subprocess.run([worker, mode, precision, folder], check=True, capture_output=True, text=True,
+    out = subprocess.run([worker, mode, precision, folder, MODEL], check=True, capture_output=True, text=True,
                          env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
     result = json.loads(out.strip().splitlines()[-1])
     return result["seconds"], result["losses"]
@@ -170,6 +214,7 @@ def main():
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed", "16-mixed"])
+    parser.add_argument("--model", choices=sorted(MODELS), default="mlp")
     parser.add_argument("--docs")
     parser.add_argument("--plot", help="a PNG of the median step times (min-max as error bars)")
     parser.add_argument("--check", action="store_true",
@@ -177,10 +222,12 @@ def main():
                              "(fulgur and raw LibTorch in every precision, Lightning in 32-true and bf16-mixed)")
     args = parser.parse_args()
 
+    global MODEL
+    MODEL = args.model
     torch.manual_seed(0)
-    init = MLP().state_dict()
-    xs = [torch.randn(64, 32) for _ in range(args.steps)]
-    ys = [torch.randint(10, (64,)) for _ in range(args.steps)]
+    init = MODELS[MODEL][0]().state_dict()
+    batches = [MODELS[MODEL][2]() for _ in range(args.steps)]
+    xs, ys = [b[0] for b in batches], [b[1] for b in batches]
     folder = tempfile.mkdtemp(prefix="fulgur-compare-")
     torch.save(init, os.path.join(folder, "init.pt"))
     torch.save({"x": torch.stack(xs), "y": torch.stack(ys)}, os.path.join(folder, "data.pt"))
@@ -193,7 +240,7 @@ def main():
         "raw LibTorch": lambda p: cpp(args.worker, "libtorch", p, folder),
         "fulgur": lambda p: cpp(args.worker, "fulgur", p, folder),
     }
-    rows, notes, problems = [], [], []
+    rows, notes, problems, libtorch_losses = [], [], [], {}
     for precision in args.precisions:
         times = {name: [] for name in frameworks}
         failed = {}
@@ -220,14 +267,22 @@ def main():
                         reference = losses
                     times[name + " losses"] = losses
         problems.extend(f"{precision}: {name} failed: {error}" for name, error in failed.items())
+        libtorch_losses[precision] = times.get("raw LibTorch losses")
         for name in frameworks:
             if name in failed or reference is None:
                 continue
             losses = times.pop(name + " losses", None)
             diff = max(abs(a - b) for a, b in zip(reference, losses)) if losses else float("nan")
             lightning_fp16 = precision == "16-mixed" and name.startswith("Lightning")  # runs bf16 on the CPU
-            if not (diff == 0 and len(losses) == len(reference)) and not lightning_fp16:
+            # The GPT's AdamW: LibTorch's arithmetic (mul + add) is not PyTorch's (lerp), so C++ and
+            # Python part at the last bit from the first step on; only the MLP's SGD is the same op for op.
+            libtorch_adamw = MODEL != "mlp" and name in ("raw LibTorch", "fulgur")
+            if not (diff == 0 and len(losses) == len(reference)) and not lightning_fp16 and not libtorch_adamw:
                 problems.append(f"{precision}: {name} differs from raw PyTorch (max {diff:.3g})")
+            if name == "fulgur":
+                libtorch = times.get("raw LibTorch losses") or libtorch_losses.get(precision)
+                if libtorch is not None and libtorch != losses:
+                    problems.append(f"{precision}: fulgur differs from raw LibTorch")
             notes.append(f"{precision}: {name}: {len(losses or [])} losses, max |loss - raw PyTorch's| = {diff:.3g}")
         fulgur = statistics.median(times["fulgur"]) if times["fulgur"] else float("nan")
         for name in frameworks:
@@ -240,6 +295,10 @@ def main():
         rows.append((precision, "ratios", fulgur, None, None, None))
 
     shutil.rmtree(folder, ignore_errors=True)
+    if MODEL != "mlp":
+        notes.append("raw LibTorch and fulgur step with LibTorch's AdamW, whose arithmetic (mul + add) differs from "
+                     "PyTorch's (lerp) in the last bit: their losses part from Python's from the second step on; "
+                     "fulgur's equal raw LibTorch's exactly")
     if "16-mixed" in args.precisions:  # Lightning's connector: "AMP with fp16 is not supported on CPU"
         notes.append("16-mixed: Lightning Fabric and Trainer replace '16-mixed' on the CPU by 'bf16-mixed' (with a "
                      "warning), so their 16-mixed rows run bfloat16 autocast without a scaler; raw PyTorch, raw "
@@ -254,7 +313,7 @@ def main():
         fulgur = next((r[2] for r in rows if r[0] == precision and r[1] == "fulgur" and r[2]), None)
         versus = f"{median / fulgur:.2f}x" if fulgur else "—"
         lines.append(f"| {precision} | {name} | {median:.1f} | {low:.1f}–{high:.1f} | {versus} |")
-    header = (f"{datetime.date.today()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
+    header = (f"{MODEL}: {datetime.date.today()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
               f"{torch.__version__}, lightning {L.__version__}, 1 thread, {args.steps} steps x {args.repeats} "
               f"interleaved repetitions (the \"vs fulgur\" column: its median step time over fulgur's).")
     text = "\n".join([header, "", *lines, "", "Loss trajectories (first repetition):", "",
@@ -263,7 +322,7 @@ def main():
     if args.docs:
         with open(args.docs) as f:
             doc = f.read()
-        begin, end = "<!-- compare.py:begin -->", "<!-- compare.py:end -->"
+        begin, end = f"<!-- compare.py {MODEL}:begin -->", f"<!-- compare.py {MODEL}:end -->"
         if begin in doc and end in doc:
             doc = doc[:doc.index(begin) + len(begin)] + "\n" + text + "\n" + doc[doc.index(end):]
             with open(args.docs, "w") as f:
