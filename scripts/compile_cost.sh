@@ -63,7 +63,7 @@ median_seconds() {
     start=$(date +%s.%N)
     c++ "${flags[@]}" -c "$work/$file" -o "$work/$file.o"
     end=$(date +%s.%N)
-    times+=("$(echo "$end - $start" | bc)")
+    times+=("$("$python" -c "print(f'{$end - $start:.2f}')")")
   done
   printf '%s\n' "${times[@]}" | sort -n | sed -n "$(( (repeats + 1) / 2 ))p"
 }
@@ -72,4 +72,4 @@ fulgur=$(median_seconds with_fulgur.cpp)
 echo "compile seconds (median of $repeats, $(nproc) cores, $(c++ --version | head -1)):"
 echo "  by hand against <torch/torch.h>:   $hand"
 echo "  one Trainer + fit (fulgur.hpp):    $fulgur"
-echo "  ratio: $(echo "scale=2; $fulgur / $hand" | bc)"
+echo "  ratio: $("$python" -c "print(f'{$fulgur / $hand:.2f}')")"

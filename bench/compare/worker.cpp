@@ -1,5 +1,5 @@
-// One run of the side-by-side comparison (compare.py): the tiny MLP (or the small GPT of
-// bench/matrix/gpt.hpp) trained for the steps of data.pt from the weights of init.pt (both written by
+// One run of the side-by-side comparison (compare.py): the tiny MLP of bench/matrix/mlp.hpp (or the
+// small GPT of bench/matrix/gpt.hpp) trained for the steps of data.pt from the weights of init.pt (both written by
 // the driver with torch.save), either by fulgur's Trainer::fit or by the same loop written by hand
 // against LibTorch.
 //   bench_compare_worker fulgur|libtorch PRECISION DIR [mlp|gpt]
@@ -16,28 +16,8 @@
 
 #include "../matrix.hpp"
 #include "../matrix/gpt.hpp"
+#include "../matrix/mlp.hpp"
 
-namespace {
-
-struct MlpImpl : torch::nn::Module {
-  MlpImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(32, 64))),
-        fc2(register_module("fc2", torch::nn::Linear(64, 64))),
-        fc3(register_module("fc3", torch::nn::Linear(64, 10))) {}
-  at::Tensor training_step(const fulgur::data::Batch& b, std::int64_t) {
-    at::Tensor loss = torch::nn::functional::cross_entropy(fc3(torch::relu(fc2(torch::relu(fc1(b.input))))), b.target);
-    losses.push_back(loss.detach());
-    return loss;
-  }
-  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
-    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(1e-2).momentum(0.9));
-  }
-  torch::nn::Linear fc1, fc2, fc3;
-  std::vector<at::Tensor> losses;
-};
-TORCH_MODULE(Mlp);
-
-}  // namespace
 
 template <class Model>
 int run(const std::string& mode, const std::string& precision, const std::string& dir) {
@@ -47,7 +27,7 @@ int run(const std::string& mode, const std::string& precision, const std::string
   std::vector<fulgur::data::Batch> batches;
   for (std::int64_t i = 0; i < x.size(0); ++i) batches.push_back({x[i], y[i]});
   Model model;
-  if constexpr (requires { model->record_losses; }) model->record_losses = true;
+  model->record_losses = true;
   fulgur::checkpoint::load_module_state_dict(*model, init);
   double seconds = 0;
   fulgur::dispatch("cpu", "single_device", precision, [&](auto trainer_type) {
@@ -85,5 +65,5 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   const std::string model = argc == 5 ? argv[4] : "mlp";
   if (model == "gpt") return run<fulgur::bench::models::Gpt>(argv[1], argv[2], argv[3]);
-  return run<Mlp>(argv[1], argv[2], argv[3]);
+  return run<fulgur::bench::models::Mlp>(argv[1], argv[2], argv[3]);
 }

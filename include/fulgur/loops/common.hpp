@@ -99,19 +99,24 @@ inline std::string position_text(std::string_view step, std::int64_t epoch, std:
 /// SIGINT or a preemption signal (interrupt.hpp), agreed on by every rank: the ranks call this at
 /// the same points, and stop together. Preemption wins (it needs a checkpoint); one collective when
 /// nothing happened, a second only when something did. Throws Interrupted or Preempted, whose text
-/// is "<what> <where>".
+/// is "<what> <where>". training_done: the run is complete, so a preemption has nothing to save and
+/// only a Ctrl-C still ends fit as interrupted; returns whether a preemption signal was passed over.
 template <class Fabric, class Where>
-void stop_if_signalled(Fabric& fabric, Where&& where) {
+bool stop_if_signalled(Fabric& fabric, Where&& where, bool training_done = false) {
   const int local_preemption = detail::preemption_signal();
   const bool local_interrupt = detail::interrupt_requested();
   bool any = local_preemption != 0 || local_interrupt;
   bool preemption = local_preemption != 0;
+  bool interrupt = local_interrupt;
   if (fabric.world_size() > 1) {
     any = fabric.reduce_boolean_decision(any, /*all=*/false);
     if (any) preemption = fabric.reduce_boolean_decision(preemption, /*all=*/false);
+    if (any && preemption && training_done) interrupt = fabric.reduce_boolean_decision(interrupt, /*all=*/false);
   }
-  if (!any) return;
-  if (!preemption) throw Interrupted("interrupted by SIGINT (Ctrl-C) " + std::string(where()));
+  if (!any) return false;
+  if (!preemption || (training_done && interrupt))
+    throw Interrupted("interrupted by SIGINT (Ctrl-C) " + std::string(where()));
+  if (training_done) return true;
   const int signal = local_preemption != 0 ? local_preemption : SIGTERM;  // another rank's: say SIGTERM
   throw Preempted(signal, std::string("preempted by ") + (signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM") + " " +
                               std::string(where()));

@@ -406,19 +406,16 @@ class FitLoop final : public detail::FitCheckpointing {
   /// After the last epoch a Ctrl-C still ends fit as interrupted; a preemption signal does not
   /// matter any more: the run is complete, nothing needs saving.
   void stop_if_finished_run_interrupted() {
-    try {
-      stop_if_interrupted("in the last epoch");
-    } catch (const Preempted& e) {
-      if (detail::interrupt_requested()) throw Interrupted("interrupted by SIGINT (Ctrl-C) in the last epoch");
-      warn(std::string("fulgur: ") + e.what() + ", as training finished; fit completes normally.");
-    }
+    if (stop_if_interrupted("in the last epoch", /*training_done=*/true))
+      warn("fulgur: a preemption signal (SIGTERM/SIGUSR1) arrived as training finished; nothing to save, fit "
+           "completes normally.");
   }
 
-  void stop_if_interrupted(const char* where) {
-    stop_if_signalled(fabric_, [&] {
+  bool stop_if_interrupted(const char* where, bool training_done = false) {
+    return stop_if_signalled(fabric_, [&] {
       return std::string(where) + " (epoch " + std::to_string(ctx_.current_epoch) + ", global_step " +
              std::to_string(progress_.global_step) + ")";
-    });
+    }, training_done);
   }
 
   static ValLoader process_validation(Fabric& fabric, ValData& val) {
