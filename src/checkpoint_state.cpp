@@ -4,12 +4,18 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 #include <torch/version.h>
 
 #include <algorithm>
 #include <utility>
 #include <vector>
 
+#include "fulgur/checkpoint/stateful.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur::checkpoint {
@@ -217,3 +223,35 @@ void check_format(const StateDict& checkpoint, const std::string& what) {
 }
 
 }  // namespace fulgur::checkpoint
+
+namespace fulgur::detail {
+
+void check_optimizer_state_shapes(torch::optim::Optimizer& optimizer) {
+  std::size_t index = 0;
+  for (auto& group : optimizer.param_groups())
+    for (const at::Tensor& p : group.params()) {
+      const auto found = optimizer.state().find(p.unsafeGetTensorImpl());
+      ++index;
+      if (found == optimizer.state().end()) continue;
+      std::vector<at::Tensor> buffers;
+      const torch::optim::OptimizerParamState* state = found->second.get();
+      if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state))
+        buffers = {adam->exp_avg(), adam->exp_avg_sq(), adam->max_exp_avg_sq()};
+      else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state))
+        buffers = {adamw->exp_avg(), adamw->exp_avg_sq(), adamw->max_exp_avg_sq()};
+      else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state))
+        buffers = {sgd->momentum_buffer()};
+      else if (const auto* rms = dynamic_cast<const torch::optim::RMSpropParamState*>(state))
+        buffers = {rms->square_avg(), rms->momentum_buffer(), rms->grad_avg()};
+      else if (const auto* adagrad = dynamic_cast<const torch::optim::AdagradParamState*>(state))
+        buffers = {adagrad->sum()};
+      for (const at::Tensor& buffer : buffers)
+        if (buffer.defined() && buffer.sizes() != p.sizes())
+          throw CheckpointError("fulgur: the optimizer state does not fit the optimizer's parameters: parameter " +
+                                std::to_string(index - 1) + " has shape " + c10::str(p.sizes()) + ", its state " +
+                                c10::str(buffer.sizes()) + "; load the state of an optimizer over the same "
+                                "parameters (the same model).");
+    }
+}
+
+}  // namespace fulgur::detail

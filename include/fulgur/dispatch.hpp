@@ -6,11 +6,8 @@
 // (the cartesian product of the policy lists, filtered by fulgur::compatible) and calls a generic
 // callable with the matching Trainer type. The same list drives typed tests and benchmark matrices.
 #include <boost/hana/at.hpp>
-#include <boost/hana/cartesian_product.hpp>
-#include <boost/hana/filter.hpp>
 #include <boost/hana/for_each.hpp>
 #include <boost/hana/length.hpp>
-#include <boost/hana/transform.hpp>
 #include <boost/hana/tuple.hpp>
 #include <boost/hana/type.hpp>
 #include <boost/hana/unpack.hpp>
@@ -43,22 +40,62 @@ inline constexpr auto shipped_strategies = hana::tuple_t<SingleDeviceStrategy, D
 inline constexpr auto shipped_precisions = hana::tuple_t<FloatPrecision, DoublePrecision, FP16MixedPrecision,
                                                          BF16MixedPrecision, FP16TruePrecision, BF16TruePrecision>;
 
-/// Every compatible combination of the given policy lists, each as hana::type<Trainer<A, S, P>>.
+namespace detail {
+template <class... T>
+struct type_list {};
+template <class... Lists>
+struct concat {
+  using type = type_list<>;
+};
+template <class... T>
+struct concat<type_list<T...>> {
+  using type = type_list<T...>;
+};
+template <class... A, class... B, class... Rest>
+struct concat<type_list<A...>, type_list<B...>, Rest...> : concat<type_list<A..., B...>, Rest...> {};
+
+/// The types of a hana::tuple_t<...>.
+template <class Tuple>
+struct types_of;
+template <class... T>
+struct types_of<hana::tuple<T...>> {
+  using type = type_list<typename T::type...>;
+};
+
+/// Trainer<A, S, P> for each compatible triple, in cartesian order (accelerator, strategy, precision).
+template <class A, class S, class P>
+using trainer_if_compatible = std::conditional_t<compatible<A, S, P>, type_list<Trainer<A, S, P>>, type_list<>>;
+template <class A, class S, class Precisions>
+struct trainers_over_precisions;
+template <class A, class S, class... P>
+struct trainers_over_precisions<A, S, type_list<P...>> : concat<trainer_if_compatible<A, S, P>...> {};
+template <class A, class Strategies, class Precisions>
+struct trainers_over_strategies;
+template <class A, class... S, class Precisions>
+struct trainers_over_strategies<A, type_list<S...>, Precisions>
+    : concat<typename trainers_over_precisions<A, S, Precisions>::type...> {};
 template <class Accelerators, class Strategies, class Precisions>
-constexpr auto compatible_trainers(Accelerators accelerators, Strategies strategies, Precisions precisions) {
-  auto triples = hana::cartesian_product(hana::make_tuple(accelerators, strategies, precisions));
-  auto compatible_only = hana::filter(triples, [](auto triple) {
-    using A = typename decltype(+hana::at_c<0>(triple))::type;
-    using S = typename decltype(+hana::at_c<1>(triple))::type;
-    using P = typename decltype(+hana::at_c<2>(triple))::type;
-    return hana::bool_c<compatible<A, S, P>>;
-  });
-  return hana::transform(compatible_only, [](auto triple) {
-    using A = typename decltype(+hana::at_c<0>(triple))::type;
-    using S = typename decltype(+hana::at_c<1>(triple))::type;
-    using P = typename decltype(+hana::at_c<2>(triple))::type;
-    return hana::type_c<Trainer<A, S, P>>;
-  });
+struct trainers_over;
+template <class... A, class Strategies, class Precisions>
+struct trainers_over<type_list<A...>, Strategies, Precisions>
+    : concat<typename trainers_over_strategies<A, Strategies, Precisions>::type...> {};
+
+template <class... T>
+constexpr auto as_hana_types(type_list<T...>) {
+  return hana::tuple_t<T...>;
+}
+}  // namespace detail
+
+/// Every compatible combination of the given policy lists (hana::tuple_t), each as
+/// hana::type<Trainer<A, S, P>>, in the order of hana::cartesian_product (accelerator, then strategy,
+/// then precision). Computed with plain type lists rather than Hana's cartesian_product + filter:
+/// every TU that includes fulgur.hpp evaluates shipped_trainers, and this costs it a few class
+/// instantiations instead of about a second.
+template <class Accelerators, class Strategies, class Precisions>
+constexpr auto compatible_trainers(Accelerators, Strategies, Precisions) {
+  return detail::as_hana_types(typename detail::trainers_over<typename detail::types_of<Accelerators>::type,
+                                                              typename detail::types_of<Strategies>::type,
+                                                              typename detail::types_of<Precisions>::type>::type{});
 }
 
 inline constexpr auto shipped_trainers =

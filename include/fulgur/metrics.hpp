@@ -12,8 +12,6 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -63,25 +61,11 @@ inline c10::ScalarType accumulation_dtype(const c10::Device& device) {
 /// the value it had when read.
 class TensorMap {
  public:
-  void set(std::string_view name, const at::Tensor& value) {
-    for (auto& [key, tensor] : items_)
-      if (key == name) {
-        if (!tensor.is_same(value)) tensor = value, ++changes_;
-        return;
-      }
-    items_.emplace_back(std::string(name), value);
-    ++changes_;
-  }
+  void set(std::string_view name, const at::Tensor& value);
   /// The value now (a tensor that later logging does not change); none if `name` was not logged.
-  std::optional<at::Tensor> find(std::string_view name) const {
-    if (const at::Tensor* live = find_live(name)) return snapshot(*live);
-    return std::nullopt;
-  }
+  std::optional<at::Tensor> find(std::string_view name) const;
   /// The value on the host (one sync); none if `name` was not logged.
-  std::optional<double> item(std::string_view name) const {
-    if (const at::Tensor* live = find_live(name)) return live->item<double>();
-    return std::nullopt;
-  }
+  std::optional<double> item(std::string_view name) const;
   bool contains(std::string_view name) const { return find_live(name) != nullptr; }
   bool empty() const { return items_.empty(); }
   std::size_t size() const { return items_.size(); }
@@ -95,33 +79,14 @@ class TensorMap {
     for (const auto& [key, tensor] : items_) f(key, snapshot(tensor));
   }
   /// The names, in the order first logged.
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& item : items_) out.push_back(item.first);
-    return out;
-  }
+  std::vector<std::string> names() const;
   /// Every value on the host (one sync per value).
-  Metrics to_host() const {
-    Metrics out;
-    for (const auto& [key, tensor] : items_) out[key] = tensor.template item<double>();
-    return out;
-  }
+  Metrics to_host() const;
   /// Every value on the host, in the order first logged (what a progress bar shows).
-  std::vector<std::pair<std::string, double>> to_host_in_order() const {
-    std::vector<std::pair<std::string, double>> out;
-    for (const auto& [key, tensor] : items_) out.emplace_back(key, tensor.template item<double>());
-    return out;
-  }
+  std::vector<std::pair<std::string, double>> to_host_in_order() const;
   /// name -> a copy of each value, in order (for a checkpoint).
-  c10::impl::GenericDict state() const {
-    c10::impl::GenericDict out(c10::StringType::get(), c10::TensorType::get());
-    for (const auto& [key, tensor] : items_) out.insert(key, snapshot(tensor));
-    return out;
-  }
-  void load_state(const c10::impl::GenericDict& state, c10::Device device) {
-    clear();
-    for (const auto& item : state) set(item.key().toStringRef(), item.value().toTensor().to(device));
-  }
+  c10::impl::GenericDict state() const;
+  void load_state(const c10::impl::GenericDict& state, c10::Device device);
 
  private:
   const at::Tensor* find_live(std::string_view name) const {
@@ -130,10 +95,7 @@ class TensorMap {
     return nullptr;
   }
   /// A copy: logging again writes into the live tensor.
-  static at::Tensor snapshot(const at::Tensor& live) {
-    at::NoGradGuard no_grad;
-    return live.clone();
-  }
+  static at::Tensor snapshot(const at::Tensor& live);
 
   std::vector<std::pair<std::string, at::Tensor>> items_;
   std::uint64_t changes_ = 0;
@@ -148,18 +110,8 @@ struct MetricViews {
     progress_bar.clear();
   }
   std::uint64_t changes() const { return callback.changes() + logged.changes() + progress_bar.changes(); }
-  c10::impl::GenericDict state() const {
-    c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
-    out.insert("callback", callback.state());
-    out.insert("logged", logged.state());
-    out.insert("progress_bar", progress_bar.state());
-    return out;
-  }
-  void load_state(const c10::impl::GenericDict& state, c10::Device device) {
-    callback.load_state(state.at("callback").toGenericDict(), device);
-    logged.load_state(state.at("logged").toGenericDict(), device);
-    progress_bar.load_state(state.at("progress_bar").toGenericDict(), device);
-  }
+  c10::impl::GenericDict state() const;
+  void load_state(const c10::impl::GenericDict& state, c10::Device device);
 };
 
 /// The values one loop logged (a training epoch, or one evaluation run).
@@ -179,44 +131,7 @@ class MetricCollection {
   /// The views a step value appears in as soon as it is logged (else at publish_step).
   void set_views(MetricViews* views) { views_ = views; }
 
-  void log(std::string_view name, const at::Tensor& value, const LogOptions& options) {
-    if (scope_ == LogScope::none)
-      throw MisconfigurationError("You can't `log()` inside `" + std::string(hook_) +
-                                  "`: fulgur (as Lightning) takes logged values in the steps and in the hooks of "
-                                  "docs/loops-and-hooks.md that allow it.");
-    const bool on_step = options.on_step.value_or(scope_ == LogScope::step);
-    const bool on_epoch = options.on_epoch.value_or(scope_ != LogScope::step);
-    if (!on_step && !on_epoch)
-      throw MisconfigurationError("`log(\"" + std::string(name) + "\", ..., {.on_step = false, .on_epoch = false})` "
-                                  "is not useful: log it on_step, on_epoch, or both.");
-    if (scope_ == LogScope::epoch_only && on_step)
-      throw MisconfigurationError("You can't log \"" + std::string(name) + "\" with on_step = true in `" +
-                                  std::string(hook_) + "`, which runs once per epoch: log it on_epoch.");
-    if (!value.defined() || value.numel() != 1)
-      throw MisconfigurationError("`log(\"" + std::string(name) + "\", ...)` in `" + std::string(hook_) +
-                                  "` needs one number, got " + (value.defined() ? "a tensor of " +
-                                  std::to_string(value.numel()) + " elements" : std::string("an undefined tensor")) +
-                                  "; reduce it first (.mean(), .sum()).");
-    Entry& e = entry(name, on_step, on_epoch, options);
-    e.fresh = true;
-    if (on_step) store_step_value(e, value);
-    if (!on_epoch) return;
-    at::NoGradGuard no_grad;  // the epoch value keeps no autograd history (and needs no detached copy)
-    const at::Tensor v = on_step ? e.step_value : placed(value);
-    const double weight = static_cast<double>(options.batch_size.value_or(batch_size_));
-    if (!e.accumulated.defined()) {
-      e.accumulated = at::zeros({}, v.options().dtype(accumulation_dtype(device_)));
-      if (e.options.reduce == ReduceOp::max) e.accumulated.fill_(-std::numeric_limits<double>::infinity());
-      if (e.options.reduce == ReduceOp::min) e.accumulated.fill_(std::numeric_limits<double>::infinity());
-    }
-    switch (e.options.reduce) {
-      case ReduceOp::mean: e.accumulated.add_(v, weight), e.weight += weight; break;
-      case ReduceOp::sum: e.accumulated.add_(v); break;
-      case ReduceOp::max: at::maximum_out(e.accumulated, e.accumulated, v); break;
-      case ReduceOp::min: at::minimum_out(e.accumulated, e.accumulated, v); break;
-    }
-    e.computed = at::Tensor();
-  }
+  void log(std::string_view name, const at::Tensor& value, const LogOptions& options);
 
   /// Step values logged with sync_dist are reduced across processes (once per batch, only when
   /// such a value was logged).
@@ -230,25 +145,12 @@ class MetricCollection {
   }
   /// The step values logged (for loggers) since the last publish_step, on the host: what a logger
   /// receives at a log step. Call before publish_step.
-  void collect_step_logged(Metrics& out) const {
-    for (const auto& e : entries_)
-      if (e.fresh && e.on_step && e.options.logger && e.step_value.defined()) out[e.step_key] = e.step_value.item<double>();
-  }
+  void collect_step_logged(Metrics& out) const;
   /// The epoch values logged for loggers, on the host (after publish_epoch).
-  void collect_epoch_logged(Metrics& out) const {
-    for (const auto& e : entries_)
-      if (e.on_epoch && e.options.logger && e.computed.defined()) out[e.epoch_key] = e.computed.item<double>();
-  }
+  void collect_epoch_logged(Metrics& out) const;
   /// The step values into the views (after each batch; tensors only, no host sync). A value already
   /// there is current (it is written in place): only new or displaced tensors are published.
-  void publish_step(MetricViews& views) {
-    for (auto& e : entries_) {
-      if (!e.on_step || !e.step_value.defined()) continue;
-      if (&views != views_ || e.published_at != views.changes()) publish(views, e, e.step_value, /*on_step=*/true);
-      if (&views == views_) e.published_at = views.changes();
-      e.fresh = false;
-    }
-  }
+  void publish_step(MetricViews& views);
   /// The epoch values, reduced (and synced across processes where asked), into the views.
   template <class AllReduce>
   void publish_epoch(MetricViews& views, AllReduce&& all_reduce) {
@@ -269,52 +171,14 @@ class MetricCollection {
   }
   bool empty() const { return entries_.empty(); }
   /// Whether a value of this name was logged (by any hook) since the last reset.
-  bool logs(std::string_view name) const {
-    for (const auto& e : entries_)
-      if (e.name == name) return true;
-    return false;
-  }
+  bool logs(std::string_view name) const;
   void reset() { entries_.clear(); }
 
   /// What was logged so far in this epoch, for a checkpoint taken mid-epoch: each entry's options,
   /// latest step value and epoch accumulation.
-  c10::impl::GenericList state() const {
-    c10::impl::GenericList out(c10::AnyType::get());
-    for (const auto& e : entries_) {
-      c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-      d.insert("hook", e.hook);
-      d.insert("name", e.name);
-      d.insert("on_step", e.on_step);
-      d.insert("on_epoch", e.on_epoch);
-      d.insert("prog_bar", e.options.prog_bar);
-      d.insert("logger", e.options.logger);
-      d.insert("sync_dist", e.options.sync_dist);
-      d.insert("reduce", static_cast<std::int64_t>(e.options.reduce));
-      d.insert("step_value", e.step_value.defined() ? c10::IValue(e.step_value) : c10::IValue());
-      d.insert("accumulated", e.accumulated.defined() ? c10::IValue(e.accumulated) : c10::IValue());
-      d.insert("weight", e.weight);
-      out.push_back(d);
-    }
-    return out;
-  }
+  c10::impl::GenericList state() const;
   /// Puts back what state() returned; the step values reach the views.
-  void load_state(const c10::impl::GenericList& entries) {
-    entries_.clear();
-    auto tensor = [&](const c10::IValue& v) { return v.isTensor() ? v.toTensor().to(device_) : at::Tensor(); };
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      const auto d = entries.get(i).toGenericDict();
-      LogOptions options{.prog_bar = d.at("prog_bar").toBool(), .logger = d.at("logger").toBool(),
-                         .sync_dist = d.at("sync_dist").toBool(),
-                         .reduce = static_cast<ReduceOp>(d.at("reduce").toInt())};
-      const std::string name = d.at("name").toStringRef();
-      const bool on_step = d.at("on_step").toBool(), on_epoch = d.at("on_epoch").toBool();
-      const bool forked = on_step && on_epoch;
-      entries_.push_back(Entry{d.at("hook").toStringRef(), name, on_step, on_epoch, options,
-                               tensor(d.at("step_value")), tensor(d.at("accumulated")), d.at("weight").toDouble(), {},
-                               on_step, name + (forked ? "_step" : ""), name + (forked ? "_epoch" : "")});
-    }
-    if (views_ != nullptr) publish_step(*views_);
-  }
+  void load_state(const c10::impl::GenericList& entries);
 
  private:
   struct Entry {
@@ -332,69 +196,10 @@ class MetricCollection {
   };
   static constexpr std::uint64_t kNever = ~std::uint64_t{0};
 
-  /// The step value, without an allocation per step: the entry holds a tensor of its own (no
-  /// autograd; the views share it, so they are current at once) and each new value is copied into
-  /// it — on the host a memcpy of the number (no dispatcher call, none of the step's memory kept
-  /// alive), on a device an asynchronous copy (no sync). A copy, not an alias: a tensor the module
-  /// changes after logging it (a parameter, a running sum) leaves the logged value alone, as
-  /// Lightning's clone does. A first value, or one of another kind, gets a new tensor.
-  void store_step_value(Entry& e, const at::Tensor& value) {
-    const at::Tensor& held = e.step_value;
-    const bool same_kind = held.defined() && value.dim() == 0 && value.scalar_type() == held.scalar_type() &&
-                           value.device() == held.device() && value.layout() == c10::kStrided &&
-                           !value.is_conj() && !value.is_neg();
-    if (same_kind && held.is_cpu()) {
-      std::memcpy(held.mutable_data_ptr(), value.const_data_ptr(), held.itemsize());
-    } else if (same_kind) {
-      at::NoGradGuard no_grad;
-      held.copy_(value, /*non_blocking=*/true);
-    } else {
-      at::NoGradGuard no_grad;
-      e.step_value = placed(value).clone();
-      e.published_at = kNever;
-    }
-    // Republished when new, or when the views show another tensor under its name (a validation run
-    // logging the same name, say): one comparison per log otherwise.
-    if (views_ != nullptr && e.published_at != views_->changes()) {
-      publish(*views_, e, e.step_value, /*on_step=*/true);
-      e.published_at = views_->changes();
-    }
-  }
-
-  /// The value as one floating-point number on the training device (a copy only where needed).
-  at::Tensor placed(const at::Tensor& value) const {
-    at::Tensor v = value.dim() == 0 ? value : value.reshape({});  // a reshape costs ~0.8 us even when a no-op
-    const c10::ScalarType wide = accumulation_dtype(device_);
-    const bool keep_dtype = v.is_floating_point() && !(wide == at::kFloat && v.scalar_type() == at::kDouble);
-    if (v.device() != device_ || !keep_dtype) v = v.to(device_, keep_dtype ? v.scalar_type() : wide);
-    return v;
-  }
-
-  Entry& entry(std::string_view name, bool on_step, bool on_epoch, const LogOptions& options) {
-    for (auto& e : entries_) {
-      if (e.hook != hook_ || e.name != name) continue;
-      if (e.on_step != on_step || e.on_epoch != on_epoch || e.options.reduce != options.reduce ||
-          e.options.sync_dist != options.sync_dist || e.options.prog_bar != options.prog_bar ||
-          e.options.logger != options.logger)
-        throw MisconfigurationError("You called `log(\"" + std::string(name) + "\", ...)` twice in `" +
-                                    std::string(hook_) + "` with different arguments. This is not allowed");
-      return e;
-    }
-    const bool forked = on_step && on_epoch;
-    entries_.push_back(Entry{std::string(hook_), std::string(name), on_step, on_epoch, options, {}, {}, 0.0, {}, false,
-                             std::string(name) + (forked ? "_step" : ""), std::string(name) + (forked ? "_epoch" : "")});
-    return entries_.back();
-  }
-
-  void publish(MetricViews& views, const Entry& e, const at::Tensor& value, bool on_step) const {
-    const std::string& forked_name = on_step ? e.step_key : e.epoch_key;
-    if (e.options.logger) views.logged.set(forked_name, value);
-    if (training_ || (e.on_epoch && !on_step)) {
-      views.callback.set(e.name, value);
-      views.callback.set(forked_name, value);
-    }
-    if (e.options.prog_bar) views.progress_bar.set(forked_name, value);
-  }
+  void store_step_value(Entry& e, const at::Tensor& value);
+  at::Tensor placed(const at::Tensor& value) const;
+  Entry& entry(std::string_view name, bool on_step, bool on_epoch, const LogOptions& options);
+  void publish(MetricViews& views, const Entry& e, const at::Tensor& value, bool on_step) const;
 
   bool training_;
   std::string_view hook_ = "training_step";

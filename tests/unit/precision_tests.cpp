@@ -233,3 +233,42 @@ TEST_CASE("16-mixed refuses LBFGS, as Lightning does", "[precision][scaler]") {
   CHECK(test::message_of<MisconfigurationError>([&] { mixed.optimizer_step(opt); }) ==
         "AMP and the LBFGS optimizer are not compatible.");
 }
+
+namespace {
+// A regression: a float32 target from the loader meets the model's output in the loss.
+struct RegressionImpl : torch::nn::Module {
+  RegressionImpl() : layer(register_module("layer", torch::nn::Linear(4, 1))) {}
+  at::Tensor training_step(const data::Batch& batch, std::int64_t) {
+    target_dtypes.push_back(batch.target.scalar_type());
+    return torch::mse_loss(layer(batch.input), batch.target);
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::SGD>(parameters(), 0.01);
+  }
+  torch::nn::Linear layer;
+  std::vector<c10::ScalarType> target_dtypes;
+};
+TORCH_MODULE(Regression);
+
+template <class P>
+std::vector<c10::ScalarType> regression_target_dtypes() {
+  torch::manual_seed(0);
+  Regression model;
+  data::TensorLoader loader(torch::randn({8, 4}), torch::randn({8, 1}), {.batch_size = 4});
+  test::CpuTrainer<P> trainer(test::quiet({.max_epochs = 1}));
+  const FitResult result = trainer.fit(model, loader);
+  CHECK(result.global_step == 2);
+  return model->target_dtypes;
+}
+}  // namespace
+
+// Lightning's Double/HalfPrecision.convert_input convert the whole batch: a regression with a
+// float32 target trains under "-true" (before, fit passed the target on as float32 and the loss
+// failed with "Found dtype Float but expected Double"). Mixed precision leaves targets alone.
+TEST_CASE("'-true' precisions convert regression targets with the inputs; mixed ones do not", "[precision][dtype]") {
+  using V = std::vector<c10::ScalarType>;
+  CHECK(regression_target_dtypes<DoublePrecision>() == V{at::kDouble, at::kDouble});
+  CHECK(regression_target_dtypes<BF16TruePrecision>() == V{at::kBFloat16, at::kBFloat16});
+  CHECK(regression_target_dtypes<BF16MixedPrecision>() == V{at::kFloat, at::kFloat});
+  CHECK(regression_target_dtypes<FloatPrecision>() == V{at::kFloat, at::kFloat});
+}

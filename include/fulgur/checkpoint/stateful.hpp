@@ -12,12 +12,7 @@
 //   fulgur::StateDict rest = trainer.load("run.ckpt", state);  // model, optimizer, step restored
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
 
 #include <concepts>
 #include <cstdint>
@@ -58,33 +53,7 @@ inline constexpr bool always_false = false;
 /// After an optimizer state was loaded: each parameter's buffers (Adam's moments, SGD's momentum,
 /// ...) have the parameter's shape. LibTorch checks only the count of parameters, so a state of
 /// another model of as many tensors loads and fails at the first step, inside the kernel.
-inline void check_optimizer_state_shapes(torch::optim::Optimizer& optimizer) {
-  std::size_t index = 0;
-  for (auto& group : optimizer.param_groups())
-    for (const at::Tensor& p : group.params()) {
-      const auto found = optimizer.state().find(p.unsafeGetTensorImpl());
-      ++index;
-      if (found == optimizer.state().end()) continue;
-      std::vector<at::Tensor> buffers;
-      const torch::optim::OptimizerParamState* state = found->second.get();
-      if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state))
-        buffers = {adam->exp_avg(), adam->exp_avg_sq(), adam->max_exp_avg_sq()};
-      else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state))
-        buffers = {adamw->exp_avg(), adamw->exp_avg_sq(), adamw->max_exp_avg_sq()};
-      else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state))
-        buffers = {sgd->momentum_buffer()};
-      else if (const auto* rms = dynamic_cast<const torch::optim::RMSpropParamState*>(state))
-        buffers = {rms->square_avg(), rms->momentum_buffer(), rms->grad_avg()};
-      else if (const auto* adagrad = dynamic_cast<const torch::optim::AdagradParamState*>(state))
-        buffers = {adagrad->sum()};
-      for (const at::Tensor& buffer : buffers)
-        if (buffer.defined() && buffer.sizes() != p.sizes())
-          throw CheckpointError("fulgur: the optimizer state does not fit the optimizer's parameters: parameter " +
-                                std::to_string(index - 1) + " has shape " + c10::str(p.sizes()) + ", its state " +
-                                c10::str(buffer.sizes()) + "; load the state of an optimizer over the same "
-                                "parameters (the same model).");
-    }
-}
+void check_optimizer_state_shapes(torch::optim::Optimizer& optimizer);  // src/checkpoint_state.cpp
 }  // namespace detail
 
 class CheckpointState {

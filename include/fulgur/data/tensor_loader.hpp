@@ -9,7 +9,6 @@
 // shard(rank, world_size) makes it shard-aware: each rank then iterates its own part, chosen by
 // Python's DistributedSampler rule (data/distributed_sampler.hpp), before batching.
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <cstdint>
 #include <iterator>
@@ -17,7 +16,6 @@
 
 #include "fulgur/data/batch.hpp"
 #include "fulgur/data/distributed_sampler.hpp"
-#include "fulgur/errors.hpp"
 
 #include <optional>
 
@@ -32,16 +30,7 @@ struct TensorLoaderOptions {
 
 class TensorLoader {
  public:
-  TensorLoader(at::Tensor inputs, at::Tensor targets, TensorLoaderOptions options = {})
-      : inputs_(std::move(inputs)), targets_(std::move(targets)), options_(options) {
-    if (!inputs_.defined() || !targets_.defined() || inputs_.dim() == 0 || targets_.dim() == 0)
-      throw DataError("TensorLoader needs defined inputs and targets with a first (sample) dimension.");
-    if (inputs_.size(0) != targets_.size(0))
-      throw DataError("TensorLoader: inputs have " + std::to_string(inputs_.size(0)) + " samples but targets have " +
-                      std::to_string(targets_.size(0)) + "; give both the same first dimension.");
-    if (options_.batch_size <= 0)
-      throw DataError("TensorLoader: batch_size must be > 0, got " + std::to_string(options_.batch_size) + ".");
-  }
+  TensorLoader(at::Tensor inputs, at::Tensor targets, TensorLoaderOptions options = {});
 
   class iterator {
    public:
@@ -92,30 +81,12 @@ class TensorLoader {
 
   /// The sample order of an epoch (what Python gets from randperm with seed + epoch, or from its
   /// DistributedSampler when sharded).
-  at::Tensor order_for_epoch(std::int64_t epoch) const {
-    if (sampler_) return sampler_->indices(epoch);
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed + static_cast<std::uint64_t>(epoch));
-    return at::randperm(num_samples(), generator, at::TensorOptions().dtype(at::kLong));
-  }
+  at::Tensor order_for_epoch(std::int64_t epoch) const;
 
-  std::string describe() const {
-    return "TensorLoader with " + std::to_string(dataset_size()) + " samples, batch_size " +
-           std::to_string(options_.batch_size) + (options_.drop_last ? ", drop_last" : "") +
-           (options_.shuffle ? ", shuffled" : "") +
-           (sampler_ ? ", shard " + std::to_string(sampler_->options().rank) + " of " +
-                           std::to_string(sampler_->options().world_size) + " (" + std::to_string(num_samples()) +
-                           " samples)"
-                     : std::string());
-  }
+  std::string describe() const;
 
  private:
-  Batch batch(std::int64_t index, const at::Tensor& order) const {
-    const std::int64_t start = index * options_.batch_size;
-    const std::int64_t length = std::min(options_.batch_size, num_samples() - start);
-    if (!order.defined()) return Batch{inputs_.narrow(0, start, length), targets_.narrow(0, start, length)};
-    auto ids = order.narrow(0, start, length).to(inputs_.device());
-    return Batch{inputs_.index_select(0, ids), targets_.index_select(0, ids)};
-  }
+  Batch batch(std::int64_t index, const at::Tensor& order) const;
 
   at::Tensor inputs_, targets_;
   TensorLoaderOptions options_;

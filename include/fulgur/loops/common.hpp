@@ -50,11 +50,7 @@ std::optional<std::int64_t> sized_length(Data& data) {
 }
 
 /// A number as a person writes it: 0.1, 0.125, 8.
-inline std::string number_text(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", v);
-  return text;
-}
+std::string number_text(double v);
 
 /// How many batches of a loader to run: Lightning's limit rule (an unknown length: the count, or
 /// -1 for all); a fraction of an unknown length other than 1.0 is an error naming the field.
@@ -90,11 +86,8 @@ void require_batches(Data& data, const BatchAmount& limit, std::string_view what
 using detail::has_loss;
 using detail::loss_of;
 
-inline std::string position_text(std::string_view step, std::int64_t epoch, std::int64_t batch_idx,
-                                 std::int64_t global_step) {
-  return std::string(step) + " at epoch " + std::to_string(epoch) + ", batch " + std::to_string(batch_idx) +
-         " (global_step " + std::to_string(global_step) + ")";
-}
+/// "training_step at epoch 1, batch 3 (global_step 7)": where a step failed or stopped.
+std::string position_text(std::string_view step, std::int64_t epoch, std::int64_t batch_idx, std::int64_t global_step);
 
 /// SIGINT or a preemption signal (interrupt.hpp), agreed on by every rank: the ranks call this at
 /// the same points, and stop together. Preemption wins (it needs a checkpoint); one collective when
@@ -122,11 +115,8 @@ bool stop_if_signalled(Fabric& fabric, Where&& where, bool training_done = false
                               std::string(where()));
 }
 
-inline std::string parameters_text(torch::nn::Module& module) {
-  for (const auto& p : module.parameters())
-    return "the module's parameters are " + detail::dtype_name(p.scalar_type()) + " on " + p.device().str();
-  return "the module has no parameters";
-}
+/// "the module's parameters are float32 on cpu" (for errors about a batch that does not fit).
+std::string parameters_text(torch::nn::Module& module);
 
 /// The StepError for a step that LibTorch refused: where, why, the batch and the model.
 template <class Batch>
@@ -139,11 +129,19 @@ StepError step_failure(std::string_view step, const StepContext& ctx, std::strin
                    "expects.");
 }
 
-/// The model's inputs in the precision's dtype; targets are left as they are, so a regression
-/// target is never rounded to half precision (Batch.input / Example.data; every tensor otherwise).
+/// Whether fit converts a batch's targets with its inputs: the "-true" precisions (the model's
+/// outputs are of their dtype) do, as Lightning's Double/HalfPrecision.convert_input do.
+template <class Precision>
+inline constexpr bool converts_targets = requires { requires Precision::converts_targets; };
+
+/// The batch in the precision's dtype. Under a "-true" precision every floating tensor (Lightning's
+/// rule); otherwise the model's inputs only (Batch.input / Example.data; every tensor of other batch
+/// types), so that under mixed precision a regression target keeps its float32 values.
 template <class Fabric, class Batch>
 auto convert_model_inputs(Fabric& fabric, const Batch& batch) {
-  if constexpr (std::is_same_v<Batch, data::Batch>)
+  if constexpr (converts_targets<typename Fabric::precision_type>)
+    return fabric.convert_input(batch);
+  else if constexpr (std::is_same_v<Batch, data::Batch>)
     return data::Batch{at::Tensor(fabric.convert_input(batch.input)), batch.target};
   else if constexpr (requires { batch.data; batch.target; typename Batch::DataType; })
     return Batch{fabric.convert_input(batch.data), batch.target};

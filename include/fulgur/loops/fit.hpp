@@ -19,14 +19,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstring>
 #include <cstdint>
 #include <exception>
-#include <iostream>
 #include <optional>
 #include <string>
 #include <type_traits>
-#include <variant>
 #include <vector>
 
 #include "fulgur/checkpoint/io.hpp"
@@ -39,6 +36,7 @@
 #include "fulgur/loops/checkpointing.hpp"
 #include "fulgur/loops/common.hpp"
 #include "fulgur/loops/evaluation.hpp"
+#include "fulgur/loops/fit_state.hpp"
 #include "fulgur/loops/optimization.hpp"
 #include "fulgur/loops/training_epoch.hpp"
 #include "fulgur/metrics.hpp"
@@ -79,7 +77,7 @@ struct processed_loader<Fabric, NoData> {
 };
 
 template <class Fabric, class Module, class TrainData, class ValData>
-class FitLoop final : public detail::FitCheckpointing {
+class FitLoop final : public FitState {
   static constexpr bool has_validation = !std::is_same_v<ValData, NoData>;
   static constexpr bool automatic = detail::automatic_optimization_of<Module>();
   using TrainLoader = decltype(std::declval<Fabric&>().setup_dataloader(std::declval<TrainData&>()));
@@ -93,9 +91,9 @@ class FitLoop final : public detail::FitCheckpointing {
 
  public:
   FitLoop(Fabric& fabric, Module& module, TrainData& train, ValData& val, FitOptions options = {})
-      : options_(std::move(options)),
+      : FitState(fabric.config()),
+        options_(std::move(options)),
         fabric_(fabric),
-        config_(fabric.config()),
         view_(ctx_, config_, module, fabric.view_ops()),
         hook_(module, ctx_, fabric.callback_set(), view_),
         train_(fabric.setup_dataloader(train)),
@@ -163,21 +161,7 @@ class FitLoop final : public detail::FitCheckpointing {
   /// The checkpoint fit resumes from (FitOptions::ckpt_path), read and checked; empty without one.
   StateDict read_checkpoint() {
     if (options_.ckpt_path.empty()) return {};
-    const std::string path = options_.ckpt_path;
-    StateDict state = fabric_.load(path);
-    checkpoint::check_format(state, "checkpoint '" + path + "'");
-    const std::string what = "checkpoint '" + path + "'";
-    const StateDict stamp = checkpoint::require_dict(state, "fulgur", what);
-    const std::int64_t world = checkpoint::require_int(stamp, "world_size", what + "'s 'fulgur' entry");
-    if (!state.contains("optimizer_states"))
-      throw CheckpointError("fulgur: " + what + " holds weights only (save_weights_only), so training cannot go "
-                            "on from it; load its 'state_dict' into the module instead (checkpoint::module_weights).");
-    if (world != fabric_.world_size())
-      throw CheckpointError("fulgur: " + what + " was written by " + std::to_string(world) + " processes, this run "
-                            "has " + std::to_string(fabric_.world_size()) + "; each rank's random state and data "
-                            "shard belong to its rank: resume with the same devices x num_nodes.");
-    checkpoint_path_ = path;
-    return state;
+    return accept_checkpoint(fabric_.load(options_.ckpt_path), options_.ckpt_path, fabric_.world_size());
   }
 
   /// What fit needs to go on exactly from here: Lightning's .ckpt keys, plus each rank's random
@@ -185,15 +169,7 @@ class FitLoop final : public detail::FitCheckpointing {
   /// parts are gathered); global rank 0 writes.
   StateDict checkpoint_state(bool weights_only) {
     Module& module = hook_.module();
-    const StateDict loop = loop_state();
-    StateDict c;
-    c.insert("epoch", loop.at("epoch"));
-    c.insert("global_step", progress_.global_step);
-    c.insert("pytorch-lightning_version", std::string(checkpoint::lightning_layout_version));
-    c.insert("state_dict", checkpoint::module_state_dict(module).to_ivalue());
-    StateDict loops;
-    loops.insert("fit_loop", loop.to_ivalue());
-    c.insert("loops", loops.to_ivalue());
+    StateDict c = checkpoint_base(module, current_loop_state());
     if (!weights_only) {
       StateDict callbacks;
       fabric_.callback_set().save_states(callbacks);
@@ -211,71 +187,20 @@ class FitLoop final : public detail::FitCheckpointing {
     if constexpr (requires { module.hparams(); }) c.insert("hyper_parameters", hyperparameters(module.hparams()));
     StateDict stamp = checkpoint::stamp(Fabric::combination_name(), fabric_.world_size());
     stamp.insert("loggers", fabric_.callback_set().logger_versions().to_ivalue());
-    if (!weights_only) stamp.insert("ranks", rank_states().to_ivalue());
+    if (!weights_only)
+      stamp.insert("ranks", rank_states(module, fabric_.world_size(), [this](const at::Tensor& t) {
+                              return fabric_.all_gather(t.to(fabric_.device()));
+                            }).to_ivalue());
     c.insert("fulgur", stamp.to_ivalue());
     hook_(hooks::on_save_checkpoint, c);
     return c;
   }
 
-  /// Where the run is: after batch k of epoch e (mid-epoch: what was logged so far goes too), or
-  /// before an epoch. An epoch cut short by a stop keeps its mid-epoch position (frozen then).
-  StateDict loop_state() {
-    if (frozen_loop_) return *frozen_loop_;
-    const bool mid_epoch = progress_.in_epoch && progress_.batches_in_epoch > 0;
-    StateDict s;
-    s.insert("epoch", progress_.epochs_done);
-    s.insert("batch_idx", mid_epoch ? progress_.batches_in_epoch : std::int64_t{0});
-    s.insert("global_step", progress_.global_step);
-    s.insert("total_batch_idx", progress_.total_batch_idx);
-    s.insert("batches_that_stepped", progress_.batches_that_stepped);
-    s.insert("stepped_in_epoch", mid_epoch ? progress_.stepped_in_epoch : std::int64_t{0});
-    s.insert("skipped_in_epoch", mid_epoch ? progress_.skipped_in_epoch : std::int64_t{0});
-    s.insert("skipped_in_a_row", progress_.skipped_in_a_row);
-    s.insert("skipped_total", skipped_total_);
-    s.insert("accumulate_grad_batches", config_.accumulate_grad_batches);
-    s.insert("metrics", mid_epoch ? c10::IValue(train_metrics_.state()) : c10::IValue(c10::impl::GenericList(c10::AnyType::get())));
-    s.insert("views", views_.state());
-    if constexpr (requires { train_.state_dict(); }) s.insert("loader", train_.state_dict().to_ivalue());
-    return s;
-  }
-
-  /// Each rank's random state and pending gradients, one row per rank.
-  StateDict rank_states() {
-    StateDict mine = checkpoint::random_state();
-    const bool accumulating = progress_.in_epoch && progress_.batches_in_epoch % config_.accumulate_grad_batches != 0;
-    StateDict grads;
-    if (accumulating)
-      for (const auto& item : hook_.module().named_parameters())
-        if (item.value().grad().defined()) grads.insert(item.key(), item.value().grad());
-    mine.insert("accumulated_gradients", grads.to_ivalue());
-    c10::impl::GenericList ranks(c10::AnyType::get());
-    if (fabric_.world_size() == 1) {
-      ranks.push_back(mine.to_ivalue());
-    } else {  // through one gathered byte tensor: ranks may hold different things
-      const std::vector<char> bytes = checkpoint::to_bytes(mine);
-      at::Tensor local = at::empty({static_cast<std::int64_t>(bytes.size())}, at::kByte);
-      std::memcpy(local.data_ptr(), bytes.data(), bytes.size());
-      at::Tensor size = at::scalar_tensor(local.numel(), at::kLong).to(fabric_.device());
-      const at::Tensor sizes = fabric_.all_gather(size).cpu();
-      const std::int64_t longest = sizes.max().template item<std::int64_t>();
-      at::Tensor padded = at::zeros({longest}, at::kByte);
-      padded.narrow(0, 0, local.numel()).copy_(local);
-      const at::Tensor all = fabric_.all_gather(padded.to(fabric_.device())).cpu();
-      for (int r = 0; r < fabric_.world_size(); ++r) {
-        const at::Tensor row = all[r].narrow(0, 0, sizes[r].template item<std::int64_t>()).contiguous();
-        const char* data = static_cast<const char*>(row.data_ptr());
-        ranks.push_back(checkpoint::from_bytes(std::vector<char>(data, data + row.numel()), "rank " + std::to_string(r) + "'s state").to_ivalue());
-      }
-    }
-    StateDict out;
-    out.insert("per_rank", ranks);
-    return out;
-  }
-
-  static c10::impl::GenericDict hyperparameters(const Hyperparameters& hparams) {
-    c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
-    for (const auto& [name, value] : hparams) std::visit([&](const auto& v) { out.insert(name, v); }, value);
-    return out;
+  /// The loop's position, with the training loader's own state if it keeps one.
+  StateDict current_loop_state() {
+    if constexpr (requires { train_.state_dict(); })
+      if (!frozen_loop_) return loop_state(train_.state_dict());
+    return loop_state();
   }
 
   void write_checkpoint(const std::string& path, bool weights_only) {
@@ -287,16 +212,12 @@ class FitLoop final : public detail::FitCheckpointing {
 
   /// The loggers write on in the version directories of the checkpoint's run, from its logging step.
   void resume_loggers(const StateDict& c) {
-    const StateDict stamp = checkpoint::require_dict(c, "fulgur", "checkpoint '" + checkpoint_path_ + "'");
-    if (!stamp.contains("loggers") || !stamp.at("loggers").isGenericDict()) return;  // written before loggers were kept
-    const StateDict loop = checkpoint::require_dict(checkpoint::require_dict(c, "loops", "checkpoint"), "fit_loop", "checkpoint's loops");
-    fabric_.callback_set().resume_loggers(StateDict(stamp.at("loggers").toGenericDict()),
-                                          checkpoint::require_int(loop, "batches_that_stepped", "checkpoint's fit_loop"));
+    if (auto resumed = logger_resume_state(c)) fabric_.callback_set().resume_loggers(resumed->first, resumed->second);
   }
 
-  /// Everything but the parts that wait for their moment (random state, what this epoch logged).
+  /// Everything but the parts that wait  /// Everything but the parts that wait for their moment (random state, what this epoch logged).
   void restore(const StateDict& c) {
-    const std::string what = "checkpoint '" + checkpoint_path_ + "'";
+    const std::string what = checkpoint_name();
     Module& module = hook_.module();
     hook_(hooks::on_load_checkpoint, c);
     const StateDict callbacks = checkpoint::require_dict(c, "callbacks", what);
@@ -311,50 +232,11 @@ class FitLoop final : public detail::FitCheckpointing {
       throw CheckpointError("fulgur: " + what + " does not fit the module " + module.name() + " (resuming a fit "
                             "needs every weight): " + text);
     }
-    const auto optimizer_states = checkpoint::require(c, "optimizer_states", what).toList();
-    const auto schedulers = checkpoint::require(c, "lr_schedulers", what).toList();
-    if (optimizer_states.size() != optimizers_.size())
-      throw CheckpointError("fulgur: " + what + " holds " + std::to_string(optimizer_states.size()) +
-                            " optimizer states, configure_optimizers returned " + std::to_string(optimizers_.size()) +
-                            "; resume with the module's own configure_optimizers.");
-    for (std::size_t i = 0; i < optimizers_.size(); ++i) {
-      try {
-        fabric_.load_optimizer_state(*optimizers_[i].optimizer, StateDict(optimizer_states.get(i).toGenericDict()));
-      } catch (const std::exception& e) {
-        std::string text = e.what();
-        if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
-        throw CheckpointError("fulgur: " + what + "'s optimizer state " + std::to_string(i) + " does not fit the "
-                              "optimizer configure_optimizers returned: " + detail::first_line(text) +
-                              " Resume with the same optimizer type and parameters.");
-      }
-      if (i < schedulers.size())
-        checkpoint::load_scheduler_state(optimizers_[i].lr_scheduler, StateDict(schedulers.get(i).toGenericDict()),
-                                         what + "'s lr_schedulers[" + std::to_string(i) + "]");
-    }
+    restore_optimizers(c, [this](torch::optim::Optimizer& optimizer, const StateDict& state) {
+      fabric_.load_optimizer_state(optimizer, state);
+    });
     if (c.contains("MixedPrecision")) fabric_.load_precision_state(StateDict(c.at("MixedPrecision").toGenericDict()));
-    const StateDict loops = checkpoint::require_dict(c, "loops", what);
-    const StateDict loop = checkpoint::require_dict(loops, "fit_loop", what + "'s loops");
-    auto count = [&](const char* key) { return checkpoint::require_int(loop, key, what + "'s fit_loop"); };
-    progress_.epochs_done = count("epoch");
-    progress_.global_step = count("global_step");
-    progress_.total_batch_idx = count("total_batch_idx");
-    progress_.batches_that_stepped = count("batches_that_stepped");
-    progress_.stepped_in_epoch = count("stepped_in_epoch");
-    progress_.skipped_in_epoch = count("skipped_in_epoch");
-    progress_.skipped_in_a_row = count("skipped_in_a_row");
-    skipped_total_ = count("skipped_total");
-    resume_batch_ = count("batch_idx");
-    if (loop.contains("accumulate_grad_batches")) {  // inside a window, its length must stay
-      const std::int64_t saved = count("accumulate_grad_batches");
-      if (resume_batch_ % saved != 0 && saved != config_.accumulate_grad_batches)
-        throw CheckpointError("fulgur: " + what + " was taken inside a gradient-accumulation window (batch " +
-                              std::to_string(resume_batch_ % saved) + " of " + std::to_string(saved) + ", its "
-                              "gradients saved with it); resume with accumulate_grad_batches = " +
-                              std::to_string(saved) + " (this run has " + std::to_string(config_.accumulate_grad_batches) +
-                              "), or from a checkpoint at a window's end.");
-    }
-    ctx_.current_epoch = progress_.epochs_done;
-    ctx_.global_step = progress_.global_step;
+    const StateDict loop = restore_progress(c, fabric_.global_rank());
     view_.set_logging_step(progress_.batches_that_stepped);
     if constexpr (requires { train_.load_state_dict(StateDict{}); }) {
       if (loop.contains("loader")) {
@@ -362,29 +244,8 @@ class FitLoop final : public detail::FitCheckpointing {
         loader_restored_ = true;
       }
     }
-    resume_metrics_ = checkpoint::require(loop, "metrics", what).toList();
-    resume_views_ = checkpoint::require(loop, "views", what).toGenericDict();
-    const auto ranks = checkpoint::require_dict(checkpoint::require_dict(c, "fulgur", what), "ranks", what).at("per_rank").toList();
-    resume_rank_ = StateDict(ranks.get(static_cast<std::size_t>(fabric_.global_rank())).toGenericDict());
-    resuming_ = true;
   }
 
-  /// Puts back, at the point the checkpoint was taken, what the hooks before it must not see
-  /// changed: the views and this epoch's logged values, the pending gradients, the random state.
-  void restore_views() { views_.load_state(resume_views_, fabric_.device()); }
-  void restore_epoch_position() {
-    train_metrics_.load_state(resume_metrics_);
-    const StateDict grads(resume_rank_.at("accumulated_gradients").toGenericDict());
-    if (!grads.empty()) {
-      at::NoGradGuard no_grad;
-      for (const auto& item : hook_.module().named_parameters())
-        if (grads.contains(item.key())) {
-          at::Tensor saved = grads.at(item.key()).toTensor().to(item.value().device());
-          item.value().mutable_grad() = saved;
-        }
-    }
-  }
-  void restore_random_state() { checkpoint::set_random_state(resume_rank_, "checkpoint '" + checkpoint_path_ + "'"); }
 
   /// Ctrl-C outside the training batches (which check it themselves): the same graceful stop.
   /// Lightning's hpc_ckpt_{n}.ckpt in default_root_dir, the next n (rank 0's count); every rank
@@ -442,7 +303,7 @@ class FitLoop final : public detail::FitCheckpointing {
                                   "configure_model).");
     fabric_.setup_module(module);
     optimizers_ = detail::to_optimizer_configs(module.configure_optimizers());
-    check_optimizers();
+    check_optimizers(automatic);
     for (auto& config : optimizers_) {
       fabric_.setup_optimizers(*config.optimizer);
       config.lr_scheduler.initial_step();  // as PyTorch's scheduler constructors do
@@ -462,37 +323,6 @@ class FitLoop final : public detail::FitCheckpointing {
            "evaluation); call module->train() before fit if that is not what you want.");
   }
 
-  void check_optimizers() {
-    if (optimizers_.empty() || !optimizers_.front().optimizer)
-      throw MisconfigurationError("fulgur: configure_optimizers() returned no optimizer; return one, e.g. "
-                                  "std::make_unique<torch::optim::Adam>(parameters(), 1e-3).");
-    for (const auto& config : optimizers_) {
-      if (!config.optimizer) throw MisconfigurationError("fulgur: configure_optimizers() returned an empty OptimizerConfig.");
-      if (config.frequency < 1) throw MisconfigurationError("fulgur: OptimizerConfig::frequency must be >= 1.");
-      if (config.lr_scheduler.reduce_on_plateau() && config.monitor.empty())
-        throw MisconfigurationError(
-            "The lr scheduler dict must include a monitor when a `ReduceLROnPlateau` scheduler is used. For example: "
-            "OptimizerConfig{.optimizer = ..., .lr_scheduler = ..., .monitor = \"val_loss\"}.");
-    }
-    if constexpr (automatic) {
-      if (optimizers_.size() > 1)
-        throw MisconfigurationError(
-            "Training with multiple optimizers is only supported with manual optimization. Declare `static "
-            "constexpr bool automatic_optimization = false;` in your module, then step each optimizer in "
-            "training_step through ctx.optimizers().");
-    } else {
-      if (config_.accumulate_grad_batches != 1)
-        throw MisconfigurationError(
-            "Automatic gradient accumulation is not supported for manual optimization. Remove "
-            "`TrainerConfig::accumulate_grad_batches = " + std::to_string(config_.accumulate_grad_batches) +
-            "` or switch to automatic optimization.");
-      if (config_.gradient_clip_val && *config_.gradient_clip_val > 0.0)
-        throw MisconfigurationError(
-            "Automatic gradient clipping is not supported for manual optimization. Remove "
-            "`TrainerConfig::gradient_clip_val` or switch to automatic optimization (in training_step, clip with "
-            "ctx.clip_gradients(optimizer, {.max_norm = ...})).");
-    }
-  }
 
   /// How many training batches an epoch runs, and where validation goes (Lightning's setup_data).
   void plan_batches() {
@@ -506,24 +336,7 @@ class FitLoop final : public detail::FitCheckpointing {
       schedule_.enabled = schedule_.batches != 0;
       schedule_.every_n_epochs = config_.check_val_every_n_epoch;
     }
-    const BatchAmount& interval = config_.val_check_interval;
-    if (!interval.is_fraction()) {
-      schedule_.check_batch = interval.count();
-      if (schedule_.enabled && schedule_.every_n_epochs && max_batches_ >= 0 && schedule_.check_batch > max_batches_)
-        throw MisconfigurationError(
-            "`val_check_interval` (" + std::to_string(schedule_.check_batch) + ") must be less than or equal to "
-            "the number of the training batches (" + std::to_string(max_batches_) + "). If you want to disable "
-            "validation set `limit_val_batches` to 0.0 instead. If you want to validate based on the total training "
-            "batches, set `check_val_every_n_epoch` to std::nullopt.");
-    } else if (max_batches_ < 0) {
-      if (!interval.is_all())
-        throw MisconfigurationError("The training loader cannot tell its length, so `val_check_interval` must be "
-                                    "1.0 or a number of batches (an int), got the fraction " +
-                                    number_text(interval.fraction()) + ".");
-      schedule_.check_batch = -1;
-    } else {
-      schedule_.check_batch = std::max<std::int64_t>(1, interval.of(max_batches_));
-    }
+    plan_validation_interval();
   }
 
   void sanity_check() {
@@ -540,27 +353,6 @@ class FitLoop final : public detail::FitCheckpointing {
     }
   }
 
-  /// The epoch limit: max_epochs, else Lightning's default of 1000 unless max_steps or max_time
-  /// bounds the run (-1: none).
-  std::int64_t max_epochs() const {
-    if (config_.max_epochs) return *config_.max_epochs;
-    return config_.max_steps == -1 && !config_.max_time ? 1000 : -1;
-  }
-
-  bool done() {
-    if (config_.max_steps >= 0 && progress_.global_step >= config_.max_steps) {
-      progress_.stop_reason = "max_steps=" + std::to_string(config_.max_steps) + " reached";
-      return true;
-    }
-    if (const std::int64_t limit = max_epochs(); limit >= 0 && progress_.epochs_done >= limit) {
-      progress_.stop_reason = "max_epochs=" + std::to_string(limit) + " reached";
-      return true;
-    }
-    if (!ctx_.should_stop || !can_stop_early(progress_, config_)) return false;
-    if (progress_.stop_reason.empty()) progress_.stop_reason = "should_stop was set";
-    return true;
-  }
-
   void run_epochs() {
     auto* validation = [&]() -> ValLoop* {
       if constexpr (has_validation) return &(validation_ ? *validation_ : validation_.emplace(fabric_, hook_, val_, views_));
@@ -571,7 +363,7 @@ class FitLoop final : public detail::FitCheckpointing {
                          max_batches_, schedule_);
     const auto start = std::chrono::steady_clock::now();
     view_.set_fit_start(start);
-    if (resuming_) restore_views();
+    if (resuming_) restore_views(fabric_.device());
     while (!done()) {
       EpochSummary summary;
       summary.epoch = ctx_.current_epoch = progress_.epochs_done;
@@ -585,11 +377,11 @@ class FitLoop final : public detail::FitCheckpointing {
       if constexpr (requires { train_.set_epoch(summary.epoch); }) train_.set_epoch(summary.epoch);
       hook_(hooks::on_train_epoch_start);
       if (resumed && first_batch > 0) {  // mid-epoch: as the batch after it found things
-        restore_epoch_position();
+        restore_epoch_position(hook_.module());
         restore_random_state();
       }
       const bool completed = epoch_loop.run(summary, start, first_batch, !loader_restored_);
-      if (!completed && !frozen_loop_) frozen_loop_ = loop_state();  // cut short: resume inside this epoch
+      if (!completed && !frozen_loop_) frozen_loop_ = current_loop_state();  // cut short: resume inside this epoch
       finish_epoch(summary, completed);
       progress_.in_epoch = false;
       checkpoints_.set_busy(false);
@@ -606,19 +398,8 @@ class FitLoop final : public detail::FitCheckpointing {
     publish();
     hook_.call_with_monitoring_after(hooks::on_train_epoch_end, publish);
     if constexpr (Fabric::callbacks_type::has_loggers) send_epoch_to_loggers();
-    if (completed && progress_.stepped_in_epoch > 0)
-      schedulers_.after_epoch(summary.epoch, views_.callback, /*plateau=*/true);
-    for (auto& w : schedulers_.take_warnings()) warn(std::move(w));
-    train_metrics_.reset();
-    summary.global_step = progress_.global_step;
-    summary.skipped_optimizer_steps = progress_.skipped_in_epoch;
-    skipped_total_ += progress_.skipped_in_epoch;
-    summary.metrics = host_metrics();
-    result_.epochs.push_back(summary);
+    close_epoch(summary, completed, schedulers_);
   }
-
-  /// The callback metrics on the host (one read each, at an epoch's end or fit's).
-  Metrics host_metrics() const { return views_.callback.to_host(); }
 
   /// The epoch's logged values to the loggers, at the epoch's last logging step (Lightning's
   /// update_train_epoch_metrics, which logs at _batches_that_stepped - 1).
@@ -630,53 +411,25 @@ class FitLoop final : public detail::FitCheckpointing {
     view_.log_metrics(logged, progress_.batches_that_stepped - 1);
   }
 
-  void warn(std::string text) {
-    if (fabric_.is_global_zero()) std::cerr << text << std::endl;
-    warnings_.push_back(std::move(text));
-  }
+  bool prints_warnings() const override { return fabric_.is_global_zero(); }
 
   FitResult finish() {
     fabric_.record_fit_position({progress_.epochs_done, progress_.batches_that_stepped});
-    result_.global_step = progress_.global_step;
-    result_.skipped_optimizer_steps = skipped_total_;
-    result_.metrics = host_metrics();
-    result_.logged_metrics = views_.logged.to_host();
-    result_.progress_bar_metrics = views_.progress_bar.to_host();
-    result_.stop_reason = progress_.stop_reason;
-    result_.warnings = std::move(warnings_);
-    return std::move(result_);
+    return FitState::finish();
   }
 
   FitOptions options_;
   Fabric& fabric_;
-  const TrainerConfig& config_;
-  StepContext ctx_;
   TrainerView view_;
   HookCallerOf<Fabric, Module> hook_;
   TrainLoader train_;
   ValLoader val_;
-  std::vector<OptimizerConfig> optimizers_;
   std::optional<Optimization> optimization_;
   std::optional<ValLoop> validation_;
-  FitProgress progress_;
   Schedulers schedulers_{optimizers_, automatic};
-  detail::MetricCollection train_metrics_{/*training=*/true};
-  detail::MetricViews views_;
-  std::int64_t max_batches_ = -1;
-  ValidationSchedule schedule_;
-  std::int64_t skipped_total_ = 0;
-  std::vector<std::string> warnings_;
-  FitResult result_;
   // Checkpoints: saves wait for the batch or epoch under way; a resume puts its parts back in order.
   detail::CheckpointQueue checkpoints_{[this](const std::string& path, bool weights_only) { write_checkpoint(path, weights_only); },
                                        [this](const std::string& path) { remove_checkpoint(path); }};
-  std::optional<StateDict> frozen_loop_;
-  std::string checkpoint_path_;
-  bool resuming_ = false, loader_restored_ = false;
-  std::int64_t resume_batch_ = 0;
-  c10::impl::GenericList resume_metrics_{c10::AnyType::get()};
-  c10::impl::GenericDict resume_views_{c10::StringType::get(), c10::AnyType::get()};
-  StateDict resume_rank_;
 };
 
 }  // namespace fulgur::loops

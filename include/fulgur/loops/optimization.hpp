@@ -51,27 +51,18 @@ inline bool can_stop_early(const FitProgress& progress, const TrainerConfig& con
   return progress.epochs_done >= config.min_epochs && progress.global_step >= config.min_steps;
 }
 
-/// Counts an optimizer step; a loss scaler that skipped max_consecutive_skipped_steps in a row is
-/// an error (the loss or its gradients are not finite, and nothing is learnt any more).
+/// A step the loss scaler skipped; max_consecutive_skipped_steps of them in a row is an error (the
+/// loss or its gradients are not finite, and nothing is learnt any more).
+void count_skipped_step(FitProgress& progress, const TrainerConfig& config, const StepContext& ctx,
+                        std::string_view precision);
+
+/// Counts an optimizer step (the common case inline; a skipped one out of line).
 inline void count_optimizer_step(FitProgress& progress, bool ran, const TrainerConfig& config, const StepContext& ctx,
                                  std::string_view precision) {
   ++progress.global_step;
-  if (ran) {
-    ++progress.stepped_in_epoch;
-    progress.skipped_in_a_row = 0;
-    return;
-  }
-  ++progress.skipped_in_epoch;
-  ++progress.skipped_in_a_row;
-  const std::int64_t limit = config.max_consecutive_skipped_steps;
-  if (limit > 0 && progress.skipped_in_a_row >= limit)
-    throw NonFiniteLossError(
-        "fulgur: the loss scaler skipped " + std::to_string(progress.skipped_in_a_row) + " optimizer steps in a row " +
-        "(inf/NaN gradients every time), the last at " +
-        position_text("training_step", ctx.current_epoch, ctx.batch_idx, ctx.global_step) + " under precision '" +
-        std::string(precision) + "': the loss or its gradients are not finite, and the model no longer learns. Check "
-        "the data for NaN/inf, lower the learning rate, clip gradients (TrainerConfig::gradient_clip_val), or raise "
-        "TrainerConfig::max_consecutive_skipped_steps (0: never stop).");
+  if (!ran) return count_skipped_step(progress, config, ctx, precision);
+  ++progress.stepped_in_epoch;
+  progress.skipped_in_a_row = 0;
 }
 
 /// What one batch's optimization gives back.
@@ -221,31 +212,7 @@ class Schedulers {
   std::vector<std::string> take_warnings() { return std::move(warnings_); }
 
  private:
-  void update(SchedulerInterval interval, std::int64_t count, const detail::TensorMap& metrics, bool plateau) {
-    if (!automatic_) return;
-    for (auto& config : configs_) {
-      AnyLRScheduler& scheduler = config.lr_scheduler;
-      if (!scheduler || scheduler.reduce_on_plateau() != plateau || config.interval != interval ||
-          count % config.frequency != 0)
-        continue;
-      if (!plateau) {
-        scheduler.step();
-        continue;
-      }
-      if (const std::optional<double> value = metrics.item(config.monitor)) {
-        scheduler.step(*value);
-      } else if (config.strict) {
-        std::string available;
-        for (const std::string& name : metrics.names()) available += (available.empty() ? "'" : ", '") + name + "'";
-        throw MisconfigurationError("ReduceLROnPlateau conditioned on metric " + config.monitor +
-                                    " which is not available. Available metrics are: [" + available +
-                                    "]. Condition can be set using `monitor` key in lr scheduler dict");
-      } else {
-        warnings_.push_back("ReduceLROnPlateau conditioned on metric " + config.monitor +
-                            " which is not available but strict is set to `False`. Skipping learning rate update.");
-      }
-    }
-  }
+  void update(SchedulerInterval interval, std::int64_t count, const detail::TensorMap& metrics, bool plateau);
 
   std::vector<OptimizerConfig>& configs_;
   bool automatic_;

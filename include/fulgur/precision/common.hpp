@@ -10,12 +10,7 @@
 namespace fulgur::detail {
 
 /// Every parameter of every parameter group: the tensors that clipping acts on.
-inline std::vector<at::Tensor> all_params(torch::optim::Optimizer& optimizer) {
-  std::vector<at::Tensor> params;
-  for (auto& group : optimizer.param_groups())
-    for (auto& p : group.params()) params.push_back(p);
-  return params;
-}
+std::vector<at::Tensor> all_params(torch::optim::Optimizer& optimizer);
 
 /// Casts floating-point tensors to dtype; integer, bool and complex tensors pass through.
 template <class Data>

@@ -43,6 +43,9 @@ class TruePrecision {
  public:
   static constexpr std::string_view name = true_precision_name<Dtype>();
   static constexpr c10::ScalarType dtype = Dtype;
+  /// fit converts the whole batch, targets too (Lightning's convert_input for "-true"): the model's
+  /// outputs are of this dtype, so a float32 regression target would not meet them in the loss.
+  static constexpr bool converts_targets = true;
 
   void convert_module(torch::nn::Module& module) { cast_floating_state(module, Dtype); }
   DefaultDtypeGuard module_init_context() { return DefaultDtypeGuard(Dtype); }

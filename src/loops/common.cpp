@@ -1,0 +1,69 @@
+// What the loops share, compiled once (include/fulgur/loops/common.hpp, optimization.hpp).
+#include "fulgur/loops/common.hpp"
+
+#include <cstdio>
+
+#include "fulgur/loops/optimization.hpp"
+
+namespace fulgur::loops {
+
+std::string number_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
+std::string position_text(std::string_view step, std::int64_t epoch, std::int64_t batch_idx,
+                          std::int64_t global_step) {
+  return std::string(step) + " at epoch " + std::to_string(epoch) + ", batch " + std::to_string(batch_idx) +
+         " (global_step " + std::to_string(global_step) + ")";
+}
+
+std::string parameters_text(torch::nn::Module& module) {
+  for (const auto& p : module.parameters())
+    return "the module's parameters are " + detail::dtype_name(p.scalar_type()) + " on " + p.device().str();
+  return "the module has no parameters";
+}
+
+void count_skipped_step(FitProgress& progress, const TrainerConfig& config, const StepContext& ctx,
+                        std::string_view precision) {
+  ++progress.skipped_in_epoch;
+  ++progress.skipped_in_a_row;
+  const std::int64_t limit = config.max_consecutive_skipped_steps;
+  if (limit > 0 && progress.skipped_in_a_row >= limit)
+    throw NonFiniteLossError(
+        "fulgur: the loss scaler skipped " + std::to_string(progress.skipped_in_a_row) + " optimizer steps in a row " +
+        "(inf/NaN gradients every time), the last at " +
+        position_text("training_step", ctx.current_epoch, ctx.batch_idx, ctx.global_step) + " under precision '" +
+        std::string(precision) + "': the loss or its gradients are not finite, and the model no longer learns. Check "
+        "the data for NaN/inf, lower the learning rate, clip gradients (TrainerConfig::gradient_clip_val), or raise "
+        "TrainerConfig::max_consecutive_skipped_steps (0: never stop).");
+}
+
+void Schedulers::update(SchedulerInterval interval, std::int64_t count, const detail::TensorMap& metrics, bool plateau) {
+  if (!automatic_) return;
+  for (auto& config : configs_) {
+    AnyLRScheduler& scheduler = config.lr_scheduler;
+    if (!scheduler || scheduler.reduce_on_plateau() != plateau || config.interval != interval ||
+        count % config.frequency != 0)
+      continue;
+    if (!plateau) {
+      scheduler.step();
+      continue;
+    }
+    if (const std::optional<double> value = metrics.item(config.monitor)) {
+      scheduler.step(*value);
+    } else if (config.strict) {
+      std::string available;
+      for (const std::string& name : metrics.names()) available += (available.empty() ? "'" : ", '") + name + "'";
+      throw MisconfigurationError("ReduceLROnPlateau conditioned on metric " + config.monitor +
+                                  " which is not available. Available metrics are: [" + available +
+                                  "]. Condition can be set using `monitor` key in lr scheduler dict");
+    } else {
+      warnings_.push_back("ReduceLROnPlateau conditioned on metric " + config.monitor +
+                          " which is not available but strict is set to `False`. Skipping learning rate update.");
+    }
+  }
+}
+
+}  // namespace fulgur::loops

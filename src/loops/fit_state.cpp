@@ -1,0 +1,290 @@
+// The module-independent half of the fit loop (include/fulgur/loops/fit_state.hpp).
+#include "fulgur/loops/fit_state.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+#include <variant>
+
+#include "fulgur/checkpoint/io.hpp"
+#include "fulgur/checkpoint/state.hpp"
+#include "fulgur/detail/describe.hpp"
+#include "fulgur/errors.hpp"
+
+namespace fulgur::loops {
+
+FitState::~FitState() = default;
+
+void FitState::warn(std::string text) {
+  if (prints_warnings()) std::cerr << text << std::endl;
+  warnings_.push_back(std::move(text));
+}
+
+// ---- the run ------------------------------------------------------------------------------------
+
+void FitState::check_optimizers(bool automatic) const {
+  if (optimizers_.empty() || !optimizers_.front().optimizer)
+    throw MisconfigurationError("fulgur: configure_optimizers() returned no optimizer; return one, e.g. "
+                                "std::make_unique<torch::optim::Adam>(parameters(), 1e-3).");
+  for (const auto& config : optimizers_) {
+    if (!config.optimizer) throw MisconfigurationError("fulgur: configure_optimizers() returned an empty OptimizerConfig.");
+    if (config.frequency < 1) throw MisconfigurationError("fulgur: OptimizerConfig::frequency must be >= 1.");
+    if (config.lr_scheduler.reduce_on_plateau() && config.monitor.empty())
+      throw MisconfigurationError(
+          "The lr scheduler dict must include a monitor when a `ReduceLROnPlateau` scheduler is used. For example: "
+          "OptimizerConfig{.optimizer = ..., .lr_scheduler = ..., .monitor = \"val_loss\"}.");
+  }
+  if (automatic) {
+    if (optimizers_.size() > 1)
+      throw MisconfigurationError(
+          "Training with multiple optimizers is only supported with manual optimization. Declare `static "
+          "constexpr bool automatic_optimization = false;` in your module, then step each optimizer in "
+          "training_step through ctx.optimizers().");
+    return;
+  }
+  if (config_.accumulate_grad_batches != 1)
+    throw MisconfigurationError(
+        "Automatic gradient accumulation is not supported for manual optimization. Remove "
+        "`TrainerConfig::accumulate_grad_batches = " + std::to_string(config_.accumulate_grad_batches) +
+        "` or switch to automatic optimization.");
+  if (config_.gradient_clip_val && *config_.gradient_clip_val > 0.0)
+    throw MisconfigurationError(
+        "Automatic gradient clipping is not supported for manual optimization. Remove "
+        "`TrainerConfig::gradient_clip_val` or switch to automatic optimization (in training_step, clip with "
+        "ctx.clip_gradients(optimizer, {.max_norm = ...})).");
+}
+
+void FitState::plan_validation_interval() {
+  const BatchAmount& interval = config_.val_check_interval;
+  if (!interval.is_fraction()) {
+    schedule_.check_batch = interval.count();
+    if (schedule_.enabled && schedule_.every_n_epochs && max_batches_ >= 0 && schedule_.check_batch > max_batches_)
+      throw MisconfigurationError(
+          "`val_check_interval` (" + std::to_string(schedule_.check_batch) + ") must be less than or equal to "
+          "the number of the training batches (" + std::to_string(max_batches_) + "). If you want to disable "
+          "validation set `limit_val_batches` to 0.0 instead. If you want to validate based on the total training "
+          "batches, set `check_val_every_n_epoch` to std::nullopt.");
+  } else if (max_batches_ < 0) {
+    if (!interval.is_all())
+      throw MisconfigurationError("The training loader cannot tell its length, so `val_check_interval` must be "
+                                  "1.0 or a number of batches (an int), got the fraction " +
+                                  number_text(interval.fraction()) + ".");
+    schedule_.check_batch = -1;
+  } else {
+    schedule_.check_batch = std::max<std::int64_t>(1, interval.of(max_batches_));
+  }
+}
+
+std::int64_t FitState::max_epochs() const {
+  if (config_.max_epochs) return *config_.max_epochs;
+  return config_.max_steps == -1 && !config_.max_time ? 1000 : -1;
+}
+
+bool FitState::done() {
+  if (config_.max_steps >= 0 && progress_.global_step >= config_.max_steps) {
+    progress_.stop_reason = "max_steps=" + std::to_string(config_.max_steps) + " reached";
+    return true;
+  }
+  if (const std::int64_t limit = max_epochs(); limit >= 0 && progress_.epochs_done >= limit) {
+    progress_.stop_reason = "max_epochs=" + std::to_string(limit) + " reached";
+    return true;
+  }
+  if (!ctx_.should_stop || !can_stop_early(progress_, config_)) return false;
+  if (progress_.stop_reason.empty()) progress_.stop_reason = "should_stop was set";
+  return true;
+}
+
+void FitState::close_epoch(EpochSummary& summary, bool completed, Schedulers& schedulers) {
+  if (completed && progress_.stepped_in_epoch > 0)
+    schedulers.after_epoch(summary.epoch, views_.callback, /*plateau=*/true);
+  for (auto& w : schedulers.take_warnings()) warn(std::move(w));
+  train_metrics_.reset();
+  summary.global_step = progress_.global_step;
+  summary.skipped_optimizer_steps = progress_.skipped_in_epoch;
+  skipped_total_ += progress_.skipped_in_epoch;
+  summary.metrics = views_.callback.to_host();
+  result_.epochs.push_back(summary);
+}
+
+FitResult FitState::finish() {
+  result_.global_step = progress_.global_step;
+  result_.skipped_optimizer_steps = skipped_total_;
+  result_.metrics = views_.callback.to_host();
+  result_.logged_metrics = views_.logged.to_host();
+  result_.progress_bar_metrics = views_.progress_bar.to_host();
+  result_.stop_reason = progress_.stop_reason;
+  result_.warnings = std::move(warnings_);
+  return std::move(result_);
+}
+
+// ---- checkpoints --------------------------------------------------------------------------------
+
+StateDict FitState::loop_state(std::optional<StateDict> loader) const {
+  if (frozen_loop_) return *frozen_loop_;
+  const bool mid_epoch = progress_.in_epoch && progress_.batches_in_epoch > 0;
+  StateDict s;
+  s.insert("epoch", progress_.epochs_done);
+  s.insert("batch_idx", mid_epoch ? progress_.batches_in_epoch : std::int64_t{0});
+  s.insert("global_step", progress_.global_step);
+  s.insert("total_batch_idx", progress_.total_batch_idx);
+  s.insert("batches_that_stepped", progress_.batches_that_stepped);
+  s.insert("stepped_in_epoch", mid_epoch ? progress_.stepped_in_epoch : std::int64_t{0});
+  s.insert("skipped_in_epoch", mid_epoch ? progress_.skipped_in_epoch : std::int64_t{0});
+  s.insert("skipped_in_a_row", progress_.skipped_in_a_row);
+  s.insert("skipped_total", skipped_total_);
+  s.insert("accumulate_grad_batches", config_.accumulate_grad_batches);
+  s.insert("metrics", mid_epoch ? c10::IValue(train_metrics_.state()) : c10::IValue(c10::impl::GenericList(c10::AnyType::get())));
+  s.insert("views", views_.state());
+  if (loader) s.insert("loader", loader->to_ivalue());
+  return s;
+}
+
+StateDict FitState::checkpoint_base(const torch::nn::Module& module, const StateDict& loop) const {
+  StateDict c;
+  c.insert("epoch", loop.at("epoch"));
+  c.insert("global_step", progress_.global_step);
+  c.insert("pytorch-lightning_version", std::string(checkpoint::lightning_layout_version));
+  c.insert("state_dict", checkpoint::module_state_dict(module).to_ivalue());
+  StateDict loops;
+  loops.insert("fit_loop", loop.to_ivalue());
+  c.insert("loops", loops.to_ivalue());
+  return c;
+}
+
+StateDict FitState::rank_states(torch::nn::Module& module, int world_size,
+                                const std::function<at::Tensor(const at::Tensor&)>& all_gather) const {
+  StateDict mine = checkpoint::random_state();
+  const bool accumulating = progress_.in_epoch && progress_.batches_in_epoch % config_.accumulate_grad_batches != 0;
+  StateDict grads;
+  if (accumulating)
+    for (const auto& item : module.named_parameters())
+      if (item.value().grad().defined()) grads.insert(item.key(), item.value().grad());
+  mine.insert("accumulated_gradients", grads.to_ivalue());
+  c10::impl::GenericList ranks(c10::AnyType::get());
+  if (world_size == 1) {
+    ranks.push_back(mine.to_ivalue());
+  } else {  // through one gathered byte tensor: ranks may hold different things
+    const std::vector<char> bytes = checkpoint::to_bytes(mine);
+    at::Tensor local = at::empty({static_cast<std::int64_t>(bytes.size())}, at::kByte);
+    std::memcpy(local.data_ptr(), bytes.data(), bytes.size());
+    const at::Tensor sizes = all_gather(at::scalar_tensor(local.numel(), at::kLong)).cpu();
+    const std::int64_t longest = sizes.max().item<std::int64_t>();
+    at::Tensor padded = at::zeros({longest}, at::kByte);
+    padded.narrow(0, 0, local.numel()).copy_(local);
+    const at::Tensor all = all_gather(padded).cpu();
+    for (int r = 0; r < world_size; ++r) {
+      const at::Tensor row = all[r].narrow(0, 0, sizes[r].item<std::int64_t>()).contiguous();
+      const char* data = static_cast<const char*>(row.data_ptr());
+      ranks.push_back(checkpoint::from_bytes(std::vector<char>(data, data + row.numel()),
+                                             "rank " + std::to_string(r) + "'s state").to_ivalue());
+    }
+  }
+  StateDict out;
+  out.insert("per_rank", ranks);
+  return out;
+}
+
+c10::impl::GenericDict FitState::hyperparameters(const Hyperparameters& hparams) {
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [name, value] : hparams) std::visit([&](const auto& v) { out.insert(name, v); }, value);
+  return out;
+}
+
+// ---- resume -------------------------------------------------------------------------------------
+
+StateDict FitState::accept_checkpoint(StateDict state, const std::string& path, int world_size) {
+  const std::string what = "checkpoint '" + path + "'";
+  checkpoint::check_format(state, what);
+  const StateDict stamp = checkpoint::require_dict(state, "fulgur", what);
+  const std::int64_t world = checkpoint::require_int(stamp, "world_size", what + "'s 'fulgur' entry");
+  if (!state.contains("optimizer_states"))
+    throw CheckpointError("fulgur: " + what + " holds weights only (save_weights_only), so training cannot go "
+                          "on from it; load its 'state_dict' into the module instead (checkpoint::module_weights).");
+  if (world != world_size)
+    throw CheckpointError("fulgur: " + what + " was written by " + std::to_string(world) + " processes, this run "
+                          "has " + std::to_string(world_size) + "; each rank's random state and data "
+                          "shard belong to its rank: resume with the same devices x num_nodes.");
+  checkpoint_path_ = path;
+  return state;
+}
+
+std::optional<std::pair<StateDict, std::int64_t>> FitState::logger_resume_state(const StateDict& c) const {
+  const StateDict stamp = checkpoint::require_dict(c, "fulgur", checkpoint_name());
+  if (!stamp.contains("loggers") || !stamp.at("loggers").isGenericDict()) return std::nullopt;
+  const StateDict loop = checkpoint::require_dict(checkpoint::require_dict(c, "loops", "checkpoint"), "fit_loop", "checkpoint's loops");
+  return std::pair{StateDict(stamp.at("loggers").toGenericDict()),
+                   checkpoint::require_int(loop, "batches_that_stepped", "checkpoint's fit_loop")};
+}
+
+void FitState::restore_optimizers(const StateDict& c,
+                                  const std::function<void(torch::optim::Optimizer&, const StateDict&)>& load) {
+  const std::string what = checkpoint_name();
+  const auto optimizer_states = checkpoint::require(c, "optimizer_states", what).toList();
+  const auto schedulers = checkpoint::require(c, "lr_schedulers", what).toList();
+  if (optimizer_states.size() != optimizers_.size())
+    throw CheckpointError("fulgur: " + what + " holds " + std::to_string(optimizer_states.size()) +
+                          " optimizer states, configure_optimizers returned " + std::to_string(optimizers_.size()) +
+                          "; resume with the module's own configure_optimizers.");
+  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+    try {
+      load(*optimizers_[i].optimizer, StateDict(optimizer_states.get(i).toGenericDict()));
+    } catch (const std::exception& e) {
+      std::string text = e.what();
+      if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
+      throw CheckpointError("fulgur: " + what + "'s optimizer state " + std::to_string(i) + " does not fit the "
+                            "optimizer configure_optimizers returned: " + detail::first_line(text) +
+                            " Resume with the same optimizer type and parameters.");
+    }
+    if (i < schedulers.size())
+      checkpoint::load_scheduler_state(optimizers_[i].lr_scheduler, StateDict(schedulers.get(i).toGenericDict()),
+                                       what + "'s lr_schedulers[" + std::to_string(i) + "]");
+  }
+}
+
+StateDict FitState::restore_progress(const StateDict& c, int global_rank) {
+  const std::string what = checkpoint_name();
+  const StateDict loops = checkpoint::require_dict(c, "loops", what);
+  const StateDict loop = checkpoint::require_dict(loops, "fit_loop", what + "'s loops");
+  auto count = [&](const char* key) { return checkpoint::require_int(loop, key, what + "'s fit_loop"); };
+  progress_.epochs_done = count("epoch");
+  progress_.global_step = count("global_step");
+  progress_.total_batch_idx = count("total_batch_idx");
+  progress_.batches_that_stepped = count("batches_that_stepped");
+  progress_.stepped_in_epoch = count("stepped_in_epoch");
+  progress_.skipped_in_epoch = count("skipped_in_epoch");
+  progress_.skipped_in_a_row = count("skipped_in_a_row");
+  skipped_total_ = count("skipped_total");
+  resume_batch_ = count("batch_idx");
+  if (loop.contains("accumulate_grad_batches")) {  // inside a window, its length must stay
+    const std::int64_t saved = count("accumulate_grad_batches");
+    if (resume_batch_ % saved != 0 && saved != config_.accumulate_grad_batches)
+      throw CheckpointError("fulgur: " + what + " was taken inside a gradient-accumulation window (batch " +
+                            std::to_string(resume_batch_ % saved) + " of " + std::to_string(saved) + ", its "
+                            "gradients saved with it); resume with accumulate_grad_batches = " +
+                            std::to_string(saved) + " (this run has " + std::to_string(config_.accumulate_grad_batches) +
+                            "), or from a checkpoint at a window's end.");
+  }
+  ctx_.current_epoch = progress_.epochs_done;
+  ctx_.global_step = progress_.global_step;
+  resume_metrics_ = checkpoint::require(loop, "metrics", what).toList();
+  resume_views_ = checkpoint::require(loop, "views", what).toGenericDict();
+  const auto ranks = checkpoint::require_dict(checkpoint::require_dict(c, "fulgur", what), "ranks", what).at("per_rank").toList();
+  resume_rank_ = StateDict(ranks.get(static_cast<std::size_t>(global_rank)).toGenericDict());
+  resuming_ = true;
+  return loop;
+}
+
+void FitState::restore_views(c10::Device device) { views_.load_state(resume_views_, device); }
+
+void FitState::restore_epoch_position(torch::nn::Module& module) {
+  train_metrics_.load_state(resume_metrics_);
+  const StateDict grads(resume_rank_.at("accumulated_gradients").toGenericDict());
+  if (grads.empty()) return;
+  at::NoGradGuard no_grad;
+  for (const auto& item : module.named_parameters())
+    if (grads.contains(item.key())) item.value().mutable_grad() = grads.at(item.key()).toTensor().to(item.value().device());
+}
+
+void FitState::restore_random_state() { checkpoint::set_random_state(resume_rank_, checkpoint_name()); }
+
+}  // namespace fulgur::loops
