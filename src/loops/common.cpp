@@ -25,6 +25,39 @@ std::string parameters_text(torch::nn::Module& module) {
   return "the module has no parameters";
 }
 
+std::int64_t batch_limit(std::optional<std::int64_t> length, const BatchAmount& limit, const char* field) {
+  if (length) {
+    const std::int64_t n = limit.of(*length);
+    if (n == 0 && limit.is_fraction() && limit.fraction() > 0.0 && *length > 0)
+      throw MisconfigurationError("You requested to check " + number_text(limit.fraction()) + " of the data but " +
+                                  number_text(limit.fraction()) + " * " + std::to_string(*length) +
+                                  " < 1. Please increase the `" + field + "` argument. Try at least `" + field + "=" +
+                                  number_text(1.0 / static_cast<double>(*length)) + "`.");
+    return n;
+  }
+  if (limit.is_all()) return -1;
+  if (limit.is_fraction())
+    throw MisconfigurationError(std::string("The loader cannot tell its length, so `") + field +
+                                "` must be 1.0 or a number of batches (an int), got the fraction " +
+                                number_text(limit.fraction()) + ".");
+  return limit.count();
+}
+
+void throw_no_batches(std::string_view what, std::string_view advice, const std::string& description) {
+  std::string text = "fulgur: the " + std::string(what) + " data yielded no batches";
+  if (!description.empty()) text += " (" + description + ")";
+  throw DataError(text + "; " + std::string(advice));
+}
+
+StepError step_failure(std::string_view step, const StepContext& ctx, std::string_view precision,
+                       const c10::Error& error, const std::string& batch_description, torch::nn::Module& module) {
+  return StepError("fulgur: " + position_text(step, ctx.current_epoch, ctx.batch_idx, ctx.global_step) +
+                   " failed under precision '" + std::string(precision) + "': " +
+                   detail::first_line(error.what_without_backtrace()) + "\n  batch: " + batch_description +
+                   "\n  " + parameters_text(module) + ". Make the batch's dtype, shape and device match what the model "
+                   "expects.");
+}
+
 void count_skipped_step(FitProgress& progress, const TrainerConfig& config, const StepContext& ctx,
                         std::string_view precision) {
   ++progress.skipped_in_epoch;

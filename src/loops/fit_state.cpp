@@ -151,6 +151,20 @@ StateDict FitState::checkpoint_base(const torch::nn::Module& module, const State
   return c;
 }
 
+void FitState::add_training_state(StateDict& c, const StateDict& callbacks,
+                                  const std::function<StateDict(torch::optim::Optimizer&)>& optimizer_state,
+                                  const StateDict& precision) const {
+  c.insert("callbacks", callbacks.to_ivalue());
+  c10::impl::GenericList optimizer_states(c10::AnyType::get()), schedulers(c10::AnyType::get());
+  for (const auto& config : optimizers_) {
+    optimizer_states.push_back(optimizer_state(*config.optimizer).to_ivalue());
+    schedulers.push_back(checkpoint::scheduler_state(config.lr_scheduler).to_ivalue());
+  }
+  c.insert("optimizer_states", optimizer_states);
+  c.insert("lr_schedulers", schedulers);
+  if (!precision.empty()) c.insert("MixedPrecision", precision.to_ivalue());  // Lightning's key: the plugin's class
+}
+
 StateDict FitState::rank_states(torch::nn::Module& module, int world_size,
                                 const std::function<at::Tensor(const at::Tensor&)>& all_gather) const {
   StateDict mine = checkpoint::random_state();
@@ -214,6 +228,26 @@ std::optional<std::pair<StateDict, std::int64_t>> FitState::logger_resume_state(
   const StateDict loop = checkpoint::require_dict(checkpoint::require_dict(c, "loops", "checkpoint"), "fit_loop", "checkpoint's loops");
   return std::pair{StateDict(stamp.at("loggers").toGenericDict()),
                    checkpoint::require_int(loop, "batches_that_stepped", "checkpoint's fit_loop")};
+}
+
+void FitState::warn_unknown_callbacks(const std::vector<std::string>& keys) {
+  for (const std::string& key : keys)
+    warn("fulgur: " + checkpoint_name() + " holds the state of callback " + key + ", which this Trainer does not "
+         "have; add it to the Trainer's arguments to restore it (Lightning warns the same).");
+}
+
+void FitState::restore_module(const torch::nn::Module& module, const StateDict& c,
+                              const std::function<void(const StateDict&)>& load) {
+  const std::string what = checkpoint_name();
+  const StateDict weights = checkpoint::require_dict(c, "state_dict", what);
+  try {
+    load(weights);
+  } catch (const Error& e) {  // resuming is strict: weights alone go through checkpoint::module_weights
+    std::string text = e.what();
+    if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
+    throw CheckpointError("fulgur: " + what + " does not fit the module " + module.name() + " (resuming a fit "
+                          "needs every weight): " + text);
+  }
 }
 
 void FitState::restore_optimizers(const StateDict& c,

@@ -52,35 +52,23 @@ std::optional<std::int64_t> sized_length(Data& data) {
 /// A number as a person writes it: 0.1, 0.125, 8.
 std::string number_text(double v);
 
-/// How many batches of a loader to run: Lightning's limit rule (an unknown length: the count, or
-/// -1 for all); a fraction of an unknown length other than 1.0 is an error naming the field.
+/// How many batches of a loader of `length` batches (none: it cannot tell) to run: Lightning's
+/// limit rule (an unknown length: the count, or -1 for all); a fraction of an unknown length other
+/// than 1.0 is an error naming the field.
+std::int64_t batch_limit(std::optional<std::int64_t> length, const BatchAmount& limit, const char* field);
 template <class Data>
 std::int64_t batch_limit(Data& data, const BatchAmount& limit, const char* field) {
-  const auto length = sized_length(data);
-  if (length) {
-    const std::int64_t n = limit.of(*length);
-    if (n == 0 && limit.is_fraction() && limit.fraction() > 0.0 && *length > 0)
-      throw MisconfigurationError("You requested to check " + number_text(limit.fraction()) + " of the data but " +
-                                  number_text(limit.fraction()) + " * " + std::to_string(*length) +
-                                  " < 1. Please increase the `" + field + "` argument. Try at least `" + field + "=" +
-                                  number_text(1.0 / static_cast<double>(*length)) + "`.");
-    return n;
-  }
-  if (limit.is_all()) return -1;
-  if (limit.is_fraction())
-    throw MisconfigurationError(std::string("The loader cannot tell its length, so `") + field +
-                                "` must be 1.0 or a number of batches (an int), got the fraction " +
-                                number_text(limit.fraction()) + ".");
-  return limit.count();
+  return batch_limit(sized_length(data), limit, field);
 }
 
+/// The DataError for a loader that is empty while its limit asks for batches.
+[[noreturn]] void throw_no_batches(std::string_view what, std::string_view advice, const std::string& description);
 /// A loader that can tell it is empty, while its limit asks for batches: a DataError naming it.
 template <class Data>
 void require_batches(Data& data, const BatchAmount& limit, std::string_view what, std::string_view advice) {
   if (sized_length(data) != 0 || limit.is_zero()) return;
-  std::string text = "fulgur: the " + std::string(what) + " data yielded no batches";
-  if constexpr (requires { data.describe(); }) text += " (" + data.describe() + ")";
-  throw DataError(text + "; " + std::string(advice));
+  if constexpr (requires { data.describe(); }) throw_no_batches(what, advice, data.describe());
+  else throw_no_batches(what, advice, {});
 }
 
 using detail::has_loss;
@@ -119,14 +107,12 @@ bool stop_if_signalled(Fabric& fabric, Where&& where, bool training_done = false
 std::string parameters_text(torch::nn::Module& module);
 
 /// The StepError for a step that LibTorch refused: where, why, the batch and the model.
+StepError step_failure(std::string_view step, const StepContext& ctx, std::string_view precision,
+                       const c10::Error& error, const std::string& batch_description, torch::nn::Module& module);
 template <class Batch>
 StepError step_failure(std::string_view step, const StepContext& ctx, std::string_view precision,
                        const c10::Error& error, const Batch& batch, torch::nn::Module& module) {
-  return StepError("fulgur: " + position_text(step, ctx.current_epoch, ctx.batch_idx, ctx.global_step) +
-                   " failed under precision '" + std::string(precision) + "': " +
-                   detail::first_line(error.what_without_backtrace()) + "\n  batch: " + detail::describe_batch(batch) +
-                   "\n  " + parameters_text(module) + ". Make the batch's dtype, shape and device match what the model "
-                   "expects.");
+  return step_failure(step, ctx, precision, error, detail::describe_batch(batch), module);
 }
 
 /// Whether fit converts a batch's targets with its inputs: the "-true" precisions (the model's

@@ -173,16 +173,8 @@ class FitLoop final : public FitState {
     if (!weights_only) {
       StateDict callbacks;
       fabric_.callback_set().save_states(callbacks);
-      c.insert("callbacks", callbacks.to_ivalue());
-      c10::impl::GenericList optimizer_states(c10::AnyType::get()), schedulers(c10::AnyType::get());
-      for (auto& config : optimizers_) {
-        optimizer_states.push_back(fabric_.optimizer_state(*config.optimizer).to_ivalue());
-        schedulers.push_back(checkpoint::scheduler_state(config.lr_scheduler).to_ivalue());
-      }
-      c.insert("optimizer_states", optimizer_states);
-      c.insert("lr_schedulers", schedulers);
-      if (const StateDict precision = fabric_.precision_state(); !precision.empty())
-        c.insert("MixedPrecision", precision.to_ivalue());  // Lightning's key: the precision plugin's class
+      add_training_state(c, callbacks, [this](torch::optim::Optimizer& optimizer) { return fabric_.optimizer_state(optimizer); },
+                         fabric_.precision_state());
     }
     if constexpr (requires { module.hparams(); }) c.insert("hyper_parameters", hyperparameters(module.hparams()));
     StateDict stamp = checkpoint::stamp(Fabric::combination_name(), fabric_.world_size());
@@ -220,18 +212,8 @@ class FitLoop final : public FitState {
     const std::string what = checkpoint_name();
     Module& module = hook_.module();
     hook_(hooks::on_load_checkpoint, c);
-    const StateDict callbacks = checkpoint::require_dict(c, "callbacks", what);
-    for (const std::string& key : fabric_.callback_set().load_states(callbacks))
-      warn("fulgur: " + what + " holds the state of callback " + key + ", which this Trainer does not have; add it "
-           "to the Trainer's arguments to restore it (Lightning warns the same).");
-    try {
-      fabric_.load_module_state(module, checkpoint::require_dict(c, "state_dict", what), /*strict=*/true);
-    } catch (const Error& e) {  // resuming is strict: weights alone go through checkpoint::module_weights
-      std::string text = e.what();
-      if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
-      throw CheckpointError("fulgur: " + what + " does not fit the module " + module.name() + " (resuming a fit "
-                            "needs every weight): " + text);
-    }
+    warn_unknown_callbacks(fabric_.callback_set().load_states(checkpoint::require_dict(c, "callbacks", what)));
+    restore_module(module, c, [&](const StateDict& weights) { fabric_.load_module_state(module, weights, /*strict=*/true); });
     restore_optimizers(c, [this](torch::optim::Optimizer& optimizer, const StateDict& state) {
       fabric_.load_optimizer_state(optimizer, state);
     });
@@ -245,7 +227,6 @@ class FitLoop final : public FitState {
       }
     }
   }
-
 
   /// Ctrl-C outside the training batches (which check it themselves): the same graceful stop.
   /// Lightning's hpc_ckpt_{n}.ckpt in default_root_dir, the next n (rank 0's count); every rank

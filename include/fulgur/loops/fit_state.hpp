@@ -58,6 +58,11 @@ class FitState : public detail::FitCheckpointing {
   StateDict loop_state(std::optional<StateDict> loader = std::nullopt) const;
   /// The keys every checkpoint has (Lightning's epoch, global_step, version, state_dict, loops).
   StateDict checkpoint_base(const torch::nn::Module& module, const StateDict& loop) const;
+  /// What a full (not weights-only) checkpoint adds: the callbacks' states, each optimizer's state
+  /// (through `optimizer_state`, the Fabric's) and its scheduler's, the precision's.
+  void add_training_state(StateDict& c, const StateDict& callbacks,
+                          const std::function<StateDict(torch::optim::Optimizer&)>& optimizer_state,
+                          const StateDict& precision) const;
   /// Each rank's random state and pending gradients, one row per rank (all_gather: the Fabric's,
   /// for a world of more than one).
   StateDict rank_states(torch::nn::Module& module, int world_size,
@@ -73,6 +78,11 @@ class FitState : public detail::FitCheckpointing {
   /// The logger versions and the logging step a resumed run writes on from (none: written before
   /// fulgur kept them).
   std::optional<std::pair<StateDict, std::int64_t>> logger_resume_state(const StateDict& c) const;
+  /// Warns of each callback state the checkpoint holds that no callback of this Trainer claimed.
+  void warn_unknown_callbacks(const std::vector<std::string>& keys);
+  /// Loads the checkpoint's weights through `load` (the Fabric's, strict); a mismatch is a
+  /// CheckpointError naming the file and the module.
+  void restore_module(const torch::nn::Module& module, const StateDict& c, const std::function<void(const StateDict&)>& load);
   /// Loads each optimizer's state (through `load`, the Fabric's) and its scheduler's.
   void restore_optimizers(const StateDict& c, const std::function<void(torch::optim::Optimizer&, const StateDict&)>& load);
   /// The fit_loop section: the progress counters and what waits for its moment (this epoch's logged
