@@ -1,16 +1,63 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU (the device tool's, with .carry from scripts/gpu_carry.sh carried):
-# builds against that machine's own torch, runs every CUDA test, then the policy matrix's CUDA
-# single-device rows (fulgur beside the hand-written LibTorch loop on the MLP, the CNN and the GPT, in
-# every precision, with the CUDA allocator's peak memory). Results go to $OUT (the device tool's
-# folder) or build-gpu/results. Exits 2 with the reason where there is no GPU or no .carry.
-#   device run: bash scripts/gpu_bench.sh        (carry: [".carry"])
+# builds against that machine's own torch, then
+#   tests     every CUDA test (tests/gpu, fulgur_gpu_tests)
+#   matrix    the policy matrix's CUDA single-device rows (fulgur beside the hand-written LibTorch loop on the
+#             MLP, the CNN and the GPT, in every precision but the CNN's and GPT's 16-true, which diverge (NaN) by
+#             design; the CUDA allocator's peak memory); informative: its exit status does not count
+#   compare   bench/compare/compare.py --device cuda --model gpt-large: the GPT at GPT-2-small size (12 x 768,
+#             context 1024, 16 sequences a step) in 32-true, 16-mixed, bf16-mixed and bf16-true, for fulgur, raw
+#             LibTorch, Lightning Fabric and raw PyTorch: step time, tokens/s, MFU, peak memory
+# Results go to $OUT (the device tool's folder) or build-gpu/results: machine.txt, the logs, cuda_tests.txt,
+# matrix_cuda.{txt,json}, compare_gpu.{txt,json}, compare_gpu_gpt.png and benchmarks.md (a copy of
+# docs/benchmarks.md with its "compare.py gpu" section filled). The exit status: 0 when the CUDA tests and the
+# compare run passed, 1 when either failed (or the build did), 2 with the reason where there is no GPU, no
+# torch or no .carry (before anything is built).
+#   device run: bash scripts/gpu_bench.sh [tests] [matrix] [compare]     (carry: [".carry"]; default: all three)
+# FULGUR_COMPARE_ARGS: more compare.py arguments, after the defaults (they win), e.g. "--steps 10 --batch 8".
+# About 6-8 minutes on an H100 (most of it the build); to stay under a 10-minute command, run
+# "tests matrix" and "compare" as two commands on the same (warm) machine: the build folder is kept.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-python="${FULGUR_PYTHON:-$(command -v python3 || true)}"
-if [ -z "$python" ] || ! "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "scripts/gpu_bench.sh: no CUDA device here (torch.cuda.is_available() is false for ${python:-no python3});" \
-       "run it on a machine with an NVIDIA GPU and a CUDA build of torch (FULGUR_PYTHON names the Python)." >&2
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(tests matrix compare)
+for part in "${parts[@]}"; do
+  case "$part" in
+    tests|matrix|compare) ;;
+    *) echo "scripts/gpu_bench.sh: unknown part '$part' (tests, matrix, compare; default: all three)" >&2; exit 2 ;;
+  esac
+done
+wants() { [[ " ${parts[*]} " == *" $1 "* ]]; }
+# The project's .venv Python where there is one, else python3; FULGUR_PYTHON names another.
+if [ -n "${FULGUR_PYTHON:-}" ]; then
+  python=$FULGUR_PYTHON
+elif [ -x "$root/.venv/bin/python" ]; then
+  python=$root/.venv/bin/python
+else
+  python=$(command -v python3 || true)
+fi
+if [ -z "$python" ]; then
+  echo "scripts/gpu_bench.sh: no Python found (no $root/.venv/bin/python, no python3 on PATH); set FULGUR_PYTHON." >&2
+  exit 2
+fi
+if ! torch_error=$("$python" -c "import torch" 2>&1); then
+  echo "scripts/gpu_bench.sh: torch cannot be imported by $python:" >&2
+  echo "$torch_error" | tail -5 >&2
+  echo "Install a CUDA build of torch there (scripts/setup.sh), or set FULGUR_PYTHON to a Python that has one." >&2
+  exit 2
+fi
+if ! cuda_report=$("$python" -c "
+import sys, torch
+print('torch', torch.__version__, 'built with CUDA', torch.version.cuda)
+sys.exit(0 if torch.cuda.is_available() else 1)" 2>&1); then
+  echo "scripts/gpu_bench.sh: torch imports in $python but has no CUDA device (torch.cuda.is_available() is false):" >&2
+  echo "$cuda_report" | tail -5 >&2
+  echo "Run it on a machine with an NVIDIA GPU and a CUDA build of torch (a CPU-only build reports 'built with CUDA None')." >&2
+  exit 2
+fi
+if wants compare && ! lightning_error=$("$python" -c "import lightning" 2>&1); then
+  echo "scripts/gpu_bench.sh: the compare part needs Lightning, which $python cannot import:" >&2
+  echo "$lightning_error" | tail -3 >&2
   exit 2
 fi
 carry="${FULGUR_CARRY:-$root/.carry}"
@@ -24,17 +71,45 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH="$carry/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  "$python" -c "import torch, lightning; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__)" 2>/dev/null ||
+    "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   date -u
 } | tee "$out/machine.txt"
+targets=()
+wants tests && targets+=(fulgur_gpu_tests)
+wants matrix && targets+=(bench_matrix)
+wants compare && targets+=(bench_compare_worker)
+echo "== build (${targets[*]})"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFULGUR_PYTHON="$python" \
       -DCMAKE_PREFIX_PATH="$carry" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build "$build" -j "$(nproc)" --target fulgur_gpu_tests bench_matrix \
+cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" \
       >"$out/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$out/build.log" | head -60; exit 1; }
+echo "built in ${SECONDS}s"
 status=0
-echo "== CUDA tests"
-"$build/tests/fulgur_gpu_tests" 2>&1 | tee "$out/cuda_tests.txt" | tail -15 || status=1
-echo "== policy matrix, CUDA single device"
-"$build/bench/bench_matrix" --benchmark_filter='/cuda/single_device/' --benchmark_counters_tabular=true \
-  --benchmark_out="$out/matrix_cuda.json" --benchmark_out_format=json 2>&1 | tee "$out/matrix_cuda.txt" || status=1
+if wants tests; then
+  echo "== CUDA tests"
+  "$build/tests/fulgur_gpu_tests" 2>&1 | tee "$out/cuda_tests.txt" | tail -15 || { status=1; echo "CUDA tests FAILED"; }
+fi
+if wants matrix; then
+  echo "== policy matrix, CUDA single device (without the CNN's and GPT's 16-true)"
+  "$build/bench/bench_matrix" --benchmark_min_time=1 --benchmark_counters_tabular=true \
+    --benchmark_filter='^(mlp/cuda/single_device/|(cnn|gpt)/cuda/single_device/(32-true|64-true|16-mixed|bf16-mixed|bf16-true)/)' \
+    --benchmark_out="$out/matrix_cuda.json" --benchmark_out_format=json 2>&1 | tee "$out/matrix_cuda.txt" ||
+    echo "matrix: a row failed (see 'failed:' in matrix_cuda.txt); not counted in the exit status"
+fi
+if wants compare; then
+  echo "== compare.py --device cuda --model gpt-large"
+  cp "$root/docs/benchmarks.md" "$out/benchmarks.md"
+  plot=(--plot "$out/compare_gpu_gpt.png")
+  if ! "$python" -c "import matplotlib" 2>/dev/null; then
+    plot=()
+    echo "(no matplotlib in $python: no compare_gpu_gpt.png)"
+  fi
+  # shellcheck disable=SC2086  # FULGUR_COMPARE_ARGS: words
+  "$python" "$root/bench/compare/compare.py" --worker "$build/bench/bench_compare_worker" --device cuda \
+    --model gpt-large --precisions 32-true 16-mixed bf16-mixed bf16-true --steps 25 --warmup 5 --repeats 2 \
+    --docs "$out/benchmarks.md" "${plot[@]}" --json "$out/compare_gpu.json" ${FULGUR_COMPARE_ARGS:-} 2>&1 |
+    tee "$out/compare_gpu.txt" || { status=1; echo "compare FAILED"; }
+fi
+echo "done in ${SECONDS}s, exit status $status; results in $out"
 exit $status
