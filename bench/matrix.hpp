@@ -347,15 +347,22 @@ inline void synchronize(c10::Device device) {
 /// reset_cuda_peak(device); nullopt on the CPU or where LibTorch's CUDA headers are absent.
 inline void reset_cuda_peak([[maybe_unused]] c10::Device device) {
 #ifdef FULGUR_BENCH_CUDA_MEMORY
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+  // The allocator's per-device statistics exist only once CUDA is initialised (before the first allocation
+  // they answer "Invalid device argument"): initialise it, as the first tensor on the device would.
+  if (device.is_cuda()) {
+    at::globalContext().lazyInitDevice(c10::kCUDA);
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+  }
 #endif
 }
 inline std::optional<double> cuda_peak_mib([[maybe_unused]] c10::Device device) {
 #ifdef FULGUR_BENCH_CUDA_MEMORY
-  if (device.is_cuda())
+  if (device.is_cuda()) {
+    at::globalContext().lazyInitDevice(c10::kCUDA);
     return static_cast<double>(
                c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak) /
            (1024.0 * 1024.0);
+  }
 #endif
   return std::nullopt;
 }

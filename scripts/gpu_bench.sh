@@ -14,9 +14,13 @@
 # compare run passed, 1 when either failed (or the build did), 2 with the reason where there is no GPU, no
 # torch or no .carry (before anything is built).
 #   device run: bash scripts/gpu_bench.sh [tests] [matrix] [compare]     (carry: [".carry"]; default: all three)
+# FULGUR_PART_TIMEOUT: seconds each part may run (timeout(1)), so that one stuck part leaves the others' results.
 # FULGUR_COMPARE_ARGS: more compare.py arguments, after the defaults (they win), e.g. "--steps 10 --batch 8".
-# About 6-8 minutes on an H100 (most of it the build); to stay under a 10-minute command, run
-# "tests matrix" and "compare" as two commands on the same (warm) machine: the build folder is kept.
+# Building there takes most of the time; to stay under a 10-minute command, run "tests matrix" and
+# "compare" as two commands on the same (warm) machine: the build folder is kept.
+# With binaries carried (scripts/gpu_carry.sh --binaries) built against the same torch version as the
+# device's, nothing is built: they run with the device's torch libraries (FULGUR_BUILD=always builds anyway);
+# on an H100 (2026-11-22) tests + matrix then took 126 s and compare 269 s.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 parts=("$@")
@@ -75,24 +79,41 @@ export LD_LIBRARY_PATH="$carry/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
     "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   date -u
 } | tee "$out/machine.txt"
-targets=()
-wants tests && targets+=(fulgur_gpu_tests)
-wants matrix && targets+=(bench_matrix)
-wants compare && targets+=(bench_compare_worker)
-echo "== build (${targets[*]})"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFULGUR_PYTHON="$python" \
-      -DCMAKE_PREFIX_PATH="$carry" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" \
-      >"$out/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$out/build.log" | head -60; exit 1; }
-echo "built in ${SECONDS}s"
+gpu_tests=$build/tests/fulgur_gpu_tests matrix=$build/bench/bench_matrix worker=$build/bench/bench_compare_worker
+device_torch=$("$python" -c "import torch; print(torch.__version__)")
+if [ "${FULGUR_BUILD:-}" != always ] && [ -f "$carry/bin/torch_version" ] &&
+   [ "$(cat "$carry/bin/torch_version")" = "$device_torch" ]; then
+  echo "== carried binaries (revision $(tr '\n' ' ' <"$carry/bin/revision"), built against torch $device_torch)" | tee -a "$out/machine.txt"
+  gpu_tests=$carry/bin/fulgur_gpu_tests matrix=$carry/bin/bench_matrix worker=$carry/bin/bench_compare_worker
+  # The binaries' RUNPATH names the build machine's venv; this torch's libraries come first instead.
+  export LD_LIBRARY_PATH="$("$python" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"):$LD_LIBRARY_PATH"
+else
+  [ -f "$carry/bin/torch_version" ] && [ "${FULGUR_BUILD:-}" != always ] &&
+    echo "carried binaries were built against torch $(cat "$carry/bin/torch_version"), this machine has $device_torch: building"
+  targets=()
+  wants tests && targets+=(fulgur_gpu_tests)
+  wants matrix && targets+=(bench_matrix)
+  wants compare && targets+=(bench_compare_worker)
+  echo "== build (${targets[*]})"
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFULGUR_PYTHON="$python" \
+        -DCMAKE_PREFIX_PATH="$carry" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" \
+        >"$out/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$out/build.log" | head -60; exit 1; }
+  echo "built in ${SECONDS}s"
+fi
 status=0
 if wants tests; then
   echo "== CUDA tests"
-  "$build/tests/fulgur_gpu_tests" 2>&1 | tee "$out/cuda_tests.txt" | tail -15 || { status=1; echo "CUDA tests FAILED"; }
+  ${FULGUR_PART_TIMEOUT:+timeout $FULGUR_PART_TIMEOUT} "$gpu_tests" 2>&1 | tee "$out/cuda_tests.txt" | tail -15 || { status=1; echo "CUDA tests FAILED"; }
+  # NCCL's exit warning means a process group was left without shutdown (it leaks communicators).
+  if grep -q "destroy_process_group() was not called" "$out/cuda_tests.txt"; then
+    status=1
+    echo "CUDA tests: an NCCL process group was not shut down (its exit warning is in cuda_tests.txt)"
+  fi
 fi
 if wants matrix; then
   echo "== policy matrix, CUDA single device (without the CNN's and GPT's 16-true)"
-  "$build/bench/bench_matrix" --benchmark_min_time=1 --benchmark_counters_tabular=true \
+  ${FULGUR_PART_TIMEOUT:+timeout $FULGUR_PART_TIMEOUT} "$matrix" --benchmark_min_time=1 --benchmark_counters_tabular=true \
     --benchmark_filter='^(mlp/cuda/single_device/|(cnn|gpt)/cuda/single_device/(32-true|64-true|16-mixed|bf16-mixed|bf16-true)/)' \
     --benchmark_out="$out/matrix_cuda.json" --benchmark_out_format=json 2>&1 | tee "$out/matrix_cuda.txt" ||
     echo "matrix: a row failed (see 'failed:' in matrix_cuda.txt); not counted in the exit status"
@@ -106,7 +127,7 @@ if wants compare; then
     echo "(no matplotlib in $python: no compare_gpu_gpt.png)"
   fi
   # shellcheck disable=SC2086  # FULGUR_COMPARE_ARGS: words
-  "$python" "$root/bench/compare/compare.py" --worker "$build/bench/bench_compare_worker" --device cuda \
+  ${FULGUR_PART_TIMEOUT:+timeout $FULGUR_PART_TIMEOUT} "$python" "$root/bench/compare/compare.py" --worker "$worker" --device cuda \
     --model gpt-large --precisions 32-true 16-mixed bf16-mixed bf16-true --steps 25 --warmup 5 --repeats 2 \
     --docs "$out/benchmarks.md" "${plot[@]}" --json "$out/compare_gpu.json" ${FULGUR_COMPARE_ARGS:-} 2>&1 |
     tee "$out/compare_gpu.txt" || { status=1; echo "compare FAILED"; }

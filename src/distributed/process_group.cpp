@@ -78,6 +78,16 @@ struct ProcessGroup::Impl {
     }
     heartbeat_wakeup.notify_all();
     if (heartbeat.joinable()) heartbeat.join();
+    // NCCL's group warns at exit ("destroy_process_group() was not called ...") unless it was shut
+    // down. abort(), not the graceful shutdown(): it never waits for peers, and every collective
+    // fulgur launched was waited for, so nothing is cut short (after a lost peer, it must not wait).
+    if (backend && kind == BackendKind::nccl) {
+      try {
+        backend->abort();
+      } catch (const std::exception&) {
+        // a destructor: the communicators are being released either way
+      }
+    }
   }
 
   /// "rank 1 stopped responding" — or an empty string when it cannot be told within ~5 s.

@@ -1,5 +1,13 @@
 // CUDA: every precision trains on the GPU; the scaler's CUDA kernels agree with its CPU ones.
 #include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 
 #include "unit/support.hpp"
 
@@ -156,4 +164,134 @@ TEST_CASE("logged step values on CUDA are copies: a tensor changed after logging
     CHECK(w[i] == model->expected_w[i]);               // the weight as logged, not as stepped
     CHECK(running[i] == static_cast<double>(i));  // the sum as logged
   }
+}
+
+namespace {
+/// Dropout draws from the CUDA generator, so a resume is exact only if the checkpoint carries its state.
+struct DropNetImpl : torch::nn::Module {
+  DropNetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 32))),
+        drop(register_module("drop", torch::nn::Dropout(0.3))),
+        fc2(register_module("fc2", torch::nn::Linear(32, 3))) {}
+  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+    return torch::nn::functional::cross_entropy(fc2(drop(torch::relu(fc1(b.input)))).to(at::kFloat), b.target);
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::Adam>(parameters(), 1e-2);
+  }
+  torch::nn::Linear fc1;
+  torch::nn::Dropout drop;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(DropNet);
+
+struct SaveAtBatch {
+  std::int64_t at = -1;
+  std::string path;
+  std::int64_t seen = 0;
+  void on_train_batch_end(TrainerView& trainer) {
+    if (++seen == at) trainer.save_checkpoint(path);
+  }
+};
+
+/// Three epochs of six shuffled batches; with `save_at`, a checkpoint after that batch (counted over the run).
+template <class P>
+std::vector<at::Tensor> train_drop_net(std::int64_t save_at, const std::string& path, const std::string& resume_from) {
+  torch::manual_seed(resume_from.empty() ? 3 : 77);  // a resumed run starts from other weights and random states
+  DropNet net;
+  auto [x, y] = test::classification_data(96, 5);
+  data::TensorLoader loader(x, y, {.batch_size = 16, .shuffle = true, .seed = 2});
+  Trainer<CUDAAccelerator, SingleDeviceStrategy, P, SaveAtBatch> trainer(test::quiet({.max_epochs = 3}),
+                                                                         SaveAtBatch{save_at, path});
+  trainer.fit(net, loader, FitOptions{.ckpt_path = resume_from});
+  return test::snapshot(*net);
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("a CUDA run resumed from a mid-epoch checkpoint ends bit for bit as the straight run",
+                   "[cuda][checkpoint]", FloatPrecision, FP16MixedPrecision, BF16MixedPrecision) {
+  const std::string folder = "/tmp/fulgur_gpu_tests_" + std::to_string(::getpid());
+  fulgur::detail::make_directories(folder);
+  const std::string path = folder + "/mid.ckpt";
+  const auto straight = train_drop_net<TestType>(/*save_at=*/8, path, "");  // epoch 1, batch 2
+  const auto resumed = train_drop_net<TestType>(-1, "", path);
+  fulgur::detail::remove_tree(folder);
+  REQUIRE(straight.size() == resumed.size());
+  for (std::size_t i = 0; i < straight.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(straight[i].is_cuda());
+    CHECK(test::identical(straight[i], resumed[i]));
+  }
+}
+
+TEMPLATE_TEST_CASE("DDP over NCCL in one process trains on the GPU exactly as one device does", "[cuda][distributed]",
+                   FloatPrecision, BF16MixedPrecision) {
+  if (std::getenv("RANK") || std::getenv("SLURM_PROCID")) return;  // needs a world of one
+  auto train = [](auto& trainer) {
+    torch::manual_seed(5);
+    test::Classifier model(8, 32, 3, /*use_sgd=*/false, /*lr=*/0.01);
+    auto [x, y] = test::classification_data(256, 6);
+    data::TensorLoader loader(x, y, {.batch_size = 32});
+    trainer.fit(model, loader);
+    return test::snapshot(*model);
+  };
+  Trainer<CUDAAccelerator, BasicDDPStrategy<backend::NCCL>, TestType> ddp(test::quiet({.max_epochs = 2}),
+                                                                          {.first_bucket_bytes = 512});
+  CHECK(ddp.world_size() == 1);
+  const auto over_nccl = train(ddp);
+  CudaTrainer<TestType> one(test::quiet({.max_epochs = 2}));
+  const auto single = train(one);
+  REQUIRE(over_nccl.size() == single.size());
+  for (std::size_t i = 0; i < single.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(over_nccl[i].is_cuda());
+    CHECK(test::identical(over_nccl[i], single[i]));
+  }
+}
+
+namespace {
+/// The ATen ops run between start() and stop(), by name (RecordFunction, as the profiler sees them).
+struct OpCounter {
+  static inline std::atomic<bool> counting{false};
+  static inline std::mutex mutex;
+  static inline std::map<std::string, std::int64_t> counts;
+  at::CallbackHandle handle;
+  OpCounter() {
+    handle = at::addGlobalCallback(at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+                                     if (counting.load()) {
+                                       std::lock_guard<std::mutex> lock(mutex);
+                                       ++counts[fn.name()];
+                                     }
+                                     return nullptr;
+                                   }).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~OpCounter() { at::removeCallback(handle); }
+  template <class F>
+  std::map<std::string, std::int64_t> during(F&& f) {
+    counts.clear();
+    counting = true;
+    f();
+    counting = false;
+    return counts;
+  }
+};
+}  // namespace
+
+TEST_CASE("fit on CUDA adds no per-step driver queries or host syncs: twice the steps, the same syncs", "[cuda]") {
+  OpCounter counter;
+  auto fit_ops = [&](std::int64_t batches) {
+    torch::manual_seed(0);
+    test::Classifier model;
+    auto [x, y] = test::classification_data(16 * batches);
+    data::TensorLoader loader(x, y, {.batch_size = 16});
+    CudaTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));  // log_every_n_steps 50
+    return counter.during([&] { trainer.fit(model, loader); });
+  };
+  fit_ops(4);  // the first fit on the device pays its one-off costs
+  auto ops20 = fit_ops(20), ops40 = fit_ops(40);
+  // is_pinned() asks the CUDA driver about the pointer (a few µs): batches go non-blocking instead
+  CHECK(ops40["aten::is_pinned"] == 0);
+  // a host sync (item) per logged step only: steps 1 and the last read the loss, whatever the count
+  CHECK(ops40["aten::_local_scalar_dense"] == ops20["aten::_local_scalar_dense"]);
+  CHECK(ops40["aten::to"] > ops20["aten::to"]);  // the counter saw the steps
 }
