@@ -13,12 +13,17 @@ binaries=0
 for arg in "$@"; do
   case "$arg" in
     --binaries) binaries=1 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "scripts/gpu_carry.sh: unknown argument '$arg' (--binaries, --help)" >&2; exit 2 ;;
   esac
 done
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 carry="$root/.carry"
+build="${FULGUR_BUILD_DIR:-$root/build}"
+if [ $binaries = 1 ] && [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
+  echo "scripts/gpu_carry.sh: --binaries: no configured build in $build (cmake -S . -B build first, or set FULGUR_BUILD_DIR)" >&2
+  exit 2
+fi
 bash "$root/scripts/setup.sh" >/dev/null
 rm -rf "$carry"
 mkdir -p "$carry/include/boost" "$carry/lib/cmake"
@@ -52,9 +57,6 @@ mkdir -p "$carry/lib/x86_64-linux-gnu/cmake"
 cp -a /usr/lib/x86_64-linux-gnu/libbenchmark.so* /usr/lib/x86_64-linux-gnu/libbenchmark_main.a "$carry/lib/x86_64-linux-gnu/"
 cp -r /usr/lib/x86_64-linux-gnu/cmake/benchmark "$carry/lib/x86_64-linux-gnu/cmake/"
 if [ $binaries = 1 ]; then
-  build="${FULGUR_BUILD_DIR:-$root/build}"
-  [ -f "$build/build.ninja" ] || [ -f "$build/Makefile" ] ||
-    { echo "scripts/gpu_carry.sh: no configured build in $build (cmake -S . -B build first)" >&2; exit 2; }
   cmake --build "$build" -j "$(nproc)" --target fulgur_gpu_tests bench_matrix bench_compare_worker >/dev/null
   mkdir -p "$carry/bin"
   for b in tests/fulgur_gpu_tests bench/bench_matrix bench/bench_compare_worker; do cp "$build/$b" "$carry/bin/"; done
