@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <condition_variable>
 #include <atomic>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -52,6 +53,7 @@ struct ProcessGroup::Impl {
   std::mutex heartbeat_mutex;  // only for the wake-up: never held across a store call
   std::condition_variable heartbeat_wakeup;
   std::atomic<bool> stopping{false};
+  mutable std::atomic<bool> failed{false};  // a collective failed: the peers may be gone
   c10::Device device{c10::kCPU};
 
   static std::string alive_key(int r) { return "fulgur_alive/" + std::to_string(r); }
@@ -79,11 +81,15 @@ struct ProcessGroup::Impl {
     heartbeat_wakeup.notify_all();
     if (heartbeat.joinable()) heartbeat.join();
     // NCCL's group warns at exit ("destroy_process_group() was not called ...") unless it was shut
-    // down. abort(), not the graceful shutdown(): it never waits for peers, and every collective
-    // fulgur launched was waited for, so nothing is cut short (after a lost peer, it must not wait).
+    // down. On a normal end, shutdown() as Python's destroy_process_group: it lets this rank's NCCL
+    // work finish before the communicators go (a peer may still be reading from our buffers). After a
+    // failed collective, or while an exception unwinds, abort(): it never waits on a lost peer.
     if (backend && kind == BackendKind::nccl) {
       try {
-        backend->abort();
+        if (failed.load() || std::uncaught_exceptions() > 0)
+          backend->abort();
+        else
+          backend->shutdown();
       } catch (const std::exception&) {
         // a destructor: the communicators are being released either way
       }
@@ -127,6 +133,7 @@ struct ProcessGroup::Impl {
   }
 
   [[noreturn]] void fail(const std::string& op, const std::string& reason) const {
+    failed.store(true);
     const std::string lost = lost_ranks();
     throw DistributedError("fulgur: " + op + " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
                            " failed: " + (lost.empty() ? "a peer process probably ended" : lost) +

@@ -295,3 +295,24 @@ TEST_CASE("fit on CUDA adds no per-step driver queries or host syncs: twice the 
   CHECK(ops40["aten::_local_scalar_dense"] == ops20["aten::_local_scalar_dense"]);
   CHECK(ops40["aten::to"] > ops20["aten::to"]);  // the counter saw the steps
 }
+
+TEST_CASE("an NCCL DDP fit that fails in training_step reports it, and a new group in the process trains",
+          "[cuda][distributed]") {
+  if (std::getenv("RANK") || std::getenv("SLURM_PROCID")) return;  // needs a world of one
+  struct FailsAtBatch2Impl : test::ClassifierImpl {
+    at::Tensor training_step(const data::Batch& b, std::int64_t i) {
+      if (i == 2) throw std::runtime_error("batch 2 fails on purpose");
+      return ClassifierImpl::training_step(b, i);
+    }
+  };
+  auto [x, y] = test::classification_data(64);
+  data::TensorLoader loader(x, y, {.batch_size = 16});
+  {
+    Trainer<CUDAAccelerator, BasicDDPStrategy<backend::NCCL>, FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+    auto failing = std::make_shared<FailsAtBatch2Impl>();
+    CHECK_THROWS_WITH(trainer.fit(failing, loader), Catch::Contains("batch 2 fails on purpose"));
+  }  // the group shuts down here (gpu_bench.sh fails on NCCL's exit warning)
+  Trainer<CUDAAccelerator, BasicDDPStrategy<backend::NCCL>, FloatPrecision> again(test::quiet({.max_epochs = 1}));
+  test::Classifier model;
+  CHECK(again.fit(model, loader).global_step == 4);
+}
