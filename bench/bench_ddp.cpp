@@ -2,7 +2,8 @@
 //   fulgur_1proc_us  one process, batch 2B, 2 intra-op threads (the same work, no communication)
 //   fulgur_ddp_us    fulgur DDPStrategy (Gloo), 2 ranks x batch B, 1 thread each
 //   python_ddp_us    torch.nn.parallel.DistributedDataParallel (Gloo), 2 ranks x batch B, 1 thread each
-// Each iteration runs the three (their order rotates), each reporting its own mean step time
+//   fulgur_zero1_us  fulgur ShardedStrategy<1> (ZeRO stage 1, Gloo), as fulgur_ddp_us; zero1_vs_ddp its ratio
+// Each iteration runs the four (their order rotates), each reporting its own mean step time
 // between barriers after a warm-up; counters are medians over iterations. ratio_vs_python is
 // fulgur_ddp_us / python_ddp_us (goal: <= 1); scaling is fulgur_1proc_us / fulgur_ddp_us.
 #include <benchmark/benchmark.h>
@@ -44,23 +45,27 @@ void BM_ddp_side_by_side(benchmark::State& state) {
   const std::string single = "OMP_NUM_THREADS=2 " + std::string(FULGUR_BENCH_DDP_WORKER);
   const std::string fulgur_ddp =
       "OMP_NUM_THREADS=1 " + torchrun + " --nproc-per-node=2 --master-port=29881 --no-python " FULGUR_BENCH_DDP_WORKER;
+  const std::string fulgur_zero1 = "FULGUR_BENCH_STRATEGY=zero1 OMP_NUM_THREADS=1 " + torchrun +
+                                   " --nproc-per-node=2 --master-port=29883 --no-python " FULGUR_BENCH_DDP_WORKER;
   const std::string python_ddp =
       "OMP_NUM_THREADS=1 " + torchrun + " --nproc-per-node=2 --master-port=29882 " FULGUR_BENCH_PYTHON_DDP;
-  std::vector<double> one, ours, python, ratios;
+  std::vector<double> one, ours, python, zero1, ratios;
   int rotation = 0;
   for (auto _ : state) {
-    double t1 = 0, t2 = 0, t3 = 0;
-    for (int k = 0; k < 3; ++k) {
-      switch ((rotation + k) % 3) {
+    double t1 = 0, t2 = 0, t3 = 0, t4 = 0;
+    for (int k = 0; k < 4; ++k) {
+      switch ((rotation + k) % 4) {
         case 0: t1 = run_and_read(single); break;
         case 1: t2 = run_and_read(fulgur_ddp); break;
         case 2: t3 = run_and_read(python_ddp); break;
+        case 3: t4 = run_and_read(fulgur_zero1); break;
       }
     }
     ++rotation;
     one.push_back(t1);
     ours.push_back(t2);
     python.push_back(t3);
+    zero1.push_back(t4);
     ratios.push_back(t2 / t3);
     state.SetIterationTime(t2 * 1e-6);
   }
@@ -68,6 +73,8 @@ void BM_ddp_side_by_side(benchmark::State& state) {
   state.counters["fulgur_ddp_us"] = median(ours);
   state.counters["python_ddp_us"] = median(python);
   state.counters["ratio_vs_python"] = median(ratios);
+  state.counters["fulgur_zero1_us"] = median(zero1);
+  state.counters["zero1_vs_ddp"] = median(zero1) / median(ours);
   state.counters["scaling"] = median(one) / median(ours);
 }
 }  // namespace

@@ -1,5 +1,5 @@
 // One training run for bench_ddp: DDP over Gloo when started by torchrun (2 ranks, batch B each),
-// else one process (batch 2B). Prints "step_us <mean microseconds per step>" from rank 0, timed
+// else one process (batch 2B); FULGUR_BENCH_STRATEGY=zero1 trains under ShardedStrategy<1> instead of DDP. Prints "step_us <mean microseconds per step>" from rank 0, timed
 // between barriers after a warm-up.
 #include <fulgur/fulgur.hpp>
 #include <torch/torch.h>
@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 namespace {
 constexpr std::int64_t kIn = 256, kHidden = 512, kClasses = 10, kBatchPerRank = 64, kWarmup = 10, kSteps = 60;
@@ -50,10 +51,18 @@ int main() {
   int rank = 0;
   if (std::getenv("RANK")) {
     config.devices = std::atoi(std::getenv("WORLD_SIZE"));
-    fulgur::Trainer<fulgur::CPUAccelerator, fulgur::BasicDDPStrategy<fulgur::backend::Gloo>, fulgur::FloatPrecision>
-        trainer(config);
-    rank = trainer.global_rank();
-    step_us = run(trainer, kBatchPerRank);
+    const char* strategy = std::getenv("FULGUR_BENCH_STRATEGY");
+    if (strategy != nullptr && std::string(strategy) == "zero1") {  // ShardedStrategy<1>: optimizer state sharded
+      fulgur::Trainer<fulgur::CPUAccelerator, fulgur::ShardedStrategy<1, fulgur::backend::Gloo>, fulgur::FloatPrecision>
+          trainer(config);
+      rank = trainer.global_rank();
+      step_us = run(trainer, kBatchPerRank);
+    } else {
+      fulgur::Trainer<fulgur::CPUAccelerator, fulgur::BasicDDPStrategy<fulgur::backend::Gloo>, fulgur::FloatPrecision>
+          trainer(config);
+      rank = trainer.global_rank();
+      step_us = run(trainer, kBatchPerRank);
+    }
   } else {
     fulgur::Trainer<fulgur::CPUAccelerator, fulgur::SingleDeviceStrategy, fulgur::FloatPrecision> trainer(config);
     step_us = run(trainer, 2 * kBatchPerRank);

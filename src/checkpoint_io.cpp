@@ -1632,6 +1632,11 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDi
         "fulgur: this optimizer state is a PyTorch (Python) optimizer's state_dict(), as Lightning checkpoints hold "
         "them in 'optimizer_states'; LibTorch's optimizers keep their state in another form, which fulgur does not "
         "convert. Load the checkpoint's weights (checkpoint::module_weights) and let the optimizer start afresh.");
+  if (state.contains("format") && state.at("format").isString() &&
+      state.at("format").toStringRef() == "fulgur-sharded-optimizer")
+    throw CheckpointError("fulgur: this optimizer state was written under ShardedStrategy (each rank's shard of it); "
+                          "resume under ShardedStrategy on as many ranks, or load only the checkpoint's weights "
+                          "(checkpoint::module_weights).");
   if (!state.contains("archive") || !state.at("archive").isTensor())
     throw Error("fulgur: the optimizer state has no 'archive' entry; pass a state from optimizer_state_dict().");
   const at::Tensor bytes = state.at("archive").toTensor().contiguous();

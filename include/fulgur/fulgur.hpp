@@ -13,6 +13,7 @@
 #include "fulgur/strategies/defaults.hpp"
 #include "fulgur/strategies/single_device.hpp"
 #include "fulgur/strategies/ddp.hpp"
+#include "fulgur/strategies/sharded.hpp"
 #include "fulgur/precision/float.hpp"
 #include "fulgur/precision/double.hpp"
 #include "fulgur/precision/half.hpp"

@@ -366,7 +366,10 @@ class Trainer {
   /// A state of another optimizer type or of other parameters is a CheckpointError.
   void load_optimizer_state(torch::optim::Optimizer& optimizer, const StateDict& state) {
     try {
-      checkpoint::load_optimizer_state_dict(optimizer, state);
+      if constexpr (requires { strategy_.load_optimizer_state_dict(optimizer, state); })
+        strategy_.load_optimizer_state_dict(optimizer, state);  // a strategy that keeps it in its own form
+      else
+        checkpoint::load_optimizer_state_dict(optimizer, state);
     } catch (const c10::Error& e) {  // LibTorch's own check reads "INTERNAL ASSERT FAILED ... report a bug"
       std::string text = detail::first_line(e.what_without_backtrace());
       if (const auto at = text.find("INTERNAL ASSERT FAILED"); at != std::string::npos) text = "the state's type differs";

@@ -287,6 +287,16 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
   return outputs[0];
 }
 
+void ProcessGroup::all_gather_into(const at::Tensor& output, const at::Tensor& input) {
+  if (!output.is_contiguous() || output.numel() != input.numel() * impl_->size ||
+      output.scalar_type() != input.scalar_type())
+    throw Error("fulgur: all_gather_into: the output must be contiguous, of the input's dtype and world size times "
+                "its number of elements.");
+  std::vector<std::vector<at::Tensor>> outputs{output.view({-1}).chunk(impl_->size)};
+  std::vector<at::Tensor> inputs{input.contiguous().view({-1})};
+  impl_->wait(impl_->launch("all_gather", [&] { return impl_->backend->allgather(outputs, inputs); }), "all_gather");
+}
+
 void ProcessGroup::barrier() {
   c10d::BarrierOptions options;
   options.timeout = impl_->timeout;

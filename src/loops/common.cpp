@@ -1,6 +1,7 @@
 // What the loops share, compiled once (include/fulgur/loops/common.hpp, optimization.hpp).
 #include "fulgur/loops/common.hpp"
 
+#include <csignal>
 #include <cstdio>
 
 #include "fulgur/loops/optimization.hpp"
@@ -17,6 +18,25 @@ std::string position_text(std::string_view step, std::int64_t epoch, std::int64_
                           std::int64_t global_step) {
   return std::string(step) + " at epoch " + std::to_string(epoch) + ", batch " + std::to_string(batch_idx) +
          " (global_step " + std::to_string(global_step) + ")";
+}
+
+bool stop_if_signalled(int world_size, c10::function_ref<bool(bool)> any_rank, c10::function_ref<std::string()> where,
+                       bool training_done) {
+  const int local_preemption = detail::preemption_signal();
+  const bool local_interrupt = detail::interrupt_requested();
+  bool any = local_preemption != 0 || local_interrupt;
+  bool preemption = local_preemption != 0;
+  bool interrupt = local_interrupt;
+  if (world_size > 1) {
+    any = any_rank(any);
+    if (any) preemption = any_rank(preemption);
+    if (any && preemption && training_done) interrupt = any_rank(interrupt);
+  }
+  if (!any) return false;
+  if (!preemption || (training_done && interrupt)) throw Interrupted("interrupted by SIGINT (Ctrl-C) " + where());
+  if (training_done) return true;
+  const int signal = local_preemption != 0 ? local_preemption : SIGTERM;  // another rank's: say SIGTERM
+  throw Preempted(signal, std::string("preempted by ") + (signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM") + " " + where());
 }
 
 std::string parameters_text(torch::nn::Module& module) {

@@ -6,17 +6,21 @@
 #include <iostream>
 #include <variant>
 
+#include <unistd.h>
+
 #include "fulgur/checkpoint/io.hpp"
 #include "fulgur/checkpoint/state.hpp"
 #include "fulgur/detail/describe.hpp"
 #include "fulgur/errors.hpp"
+#include "fulgur/loops/common.hpp"
+#include "fulgur/preemption.hpp"
 
 namespace fulgur::loops {
 
 FitState::~FitState() = default;
 
 void FitState::warn(std::string text) {
-  if (prints_warnings()) std::cerr << text << std::endl;
+  if (global_rank_ == 0) std::cerr << text << std::endl;
   warnings_.push_back(std::move(text));
 }
 
@@ -117,10 +121,108 @@ FitResult FitState::finish() {
   return std::move(result_);
 }
 
+// ---- interruptions -----------------------------------------------------------------------------
+
+bool FitState::stop_if_interrupted(const char* where, bool training_done) {
+  return stop_if_signalled(
+      world_size_, [this](bool decision) { return any_rank(decision); },
+      [&] {
+        return std::string(where) + " (epoch " + std::to_string(ctx_.current_epoch) + ", global_step " +
+               std::to_string(progress_.global_step) + ")";
+      },
+      training_done);
+}
+
+void FitState::stop_if_finished_run_interrupted() {
+  if (stop_if_interrupted("in the last epoch", /*training_done=*/true))
+    warn("fulgur: a preemption signal (SIGTERM/SIGUSR1) arrived as training finished; nothing to save, fit "
+         "completes normally.");
+}
+
+/// Lightning's hpc_ckpt_{n}.ckpt in default_root_dir, the next n (rank 0's count); every rank
+/// takes part (the random states are gathered). Then, in a SLURM batch job, the requeue.
+std::string FitState::write_preemption_checkpoint() {
+  std::string name;
+  if (global_rank_ == 0) {
+    const std::string folder = config_.default_root_dir;
+    const std::string path = detail::hpc_checkpoint(folder, /*next=*/true);
+    name = path.substr(folder.size() + 1);
+  }
+  if (world_size_ > 1) name = broadcast_text(name);
+  write_checkpoint(name, /*weights_only=*/false);
+  if (config_.preemption.auto_requeue && detail::in_slurm_batch_job() && global_rank_ == 0)
+    warn("fulgur: " + detail::requeue_slurm_job() + ".");
+  return resolve_path(name);
+}
+
+void FitState::end_preempted(const Preempted& e) {  // the batch finished: save where the run is, then shut down
+  std::string path;
+  try {
+    path = write_preemption_checkpoint();
+  } catch (const std::exception& failure) {  // the shutdown still runs; the error says both
+    shut_down(e, "failed", /*teardown=*/true);
+    throw CheckpointError(std::string("fulgur: ") + e.what() + ", but its checkpoint could not be written: " +
+                          failure.what() + " The run ends without one: resume from an earlier checkpoint, and "
+                          "make default_root_dir writable.");
+  }
+  shut_down(e, "interrupted", /*teardown=*/true);
+  result_.interrupted = result_.preempted = true;
+  result_.checkpoint_path = path;
+  progress_.stop_reason = e.what();
+  warn(std::string("fulgur: ") + e.what() + "; wrote " + path + ", which the next fit continues exactly with "
+       "FitOptions{.ckpt_path = \"hpc\"} (under SLURM, by itself).");
+}
+
+void FitState::end_interrupted(const Interrupted& e) {  // Ctrl-C: the step finished; shut down as Lightning does
+  shut_down(e, "interrupted", /*teardown=*/true);
+  result_.interrupted = true;
+  progress_.stop_reason = e.what();
+  warn(std::string("fulgur: ") + e.what() + "; fit returns with FitResult::interrupted = true.");
+}
+
 // ---- checkpoints --------------------------------------------------------------------------------
 
-StateDict FitState::loop_state(std::optional<StateDict> loader) const {
+StateDict FitState::checkpoint_state(bool weights_only) {
+  const StateDict loop = current_loop_state();
+  StateDict c;
+  c.insert("epoch", loop.at("epoch"));
+  c.insert("global_step", progress_.global_step);
+  c.insert("pytorch-lightning_version", std::string(checkpoint::lightning_layout_version));
+  c.insert("state_dict", checkpoint::module_state_dict(module_).to_ivalue());
+  StateDict loops;
+  loops.insert("fit_loop", loop.to_ivalue());
+  c.insert("loops", loops.to_ivalue());
+  if (!weights_only) {
+    c.insert("callbacks", callback_states().to_ivalue());
+    c10::impl::GenericList optimizer_states(c10::AnyType::get()), schedulers(c10::AnyType::get());
+    for (const auto& config : optimizers_) {
+      optimizer_states.push_back(optimizer_state(*config.optimizer).to_ivalue());
+      schedulers.push_back(checkpoint::scheduler_state(config.lr_scheduler).to_ivalue());
+    }
+    c.insert("optimizer_states", optimizer_states);
+    c.insert("lr_schedulers", schedulers);
+    const StateDict precision = precision_state();
+    if (!precision.empty()) c.insert("MixedPrecision", precision.to_ivalue());  // Lightning's key: the plugin's class
+  }
+  if (auto hparams = module_hyperparameters()) c.insert("hyper_parameters", *hparams);
+  StateDict stamp = checkpoint::stamp(combination_name(), world_size_);
+  stamp.insert("loggers", logger_versions().to_ivalue());
+  if (!weights_only) stamp.insert("ranks", rank_states().to_ivalue());
+  c.insert("fulgur", stamp.to_ivalue());
+  on_save_checkpoint(c);
+  return c;
+}
+
+void FitState::remove_checkpoint(const std::string& path) {
+  if (global_rank_ == 0) ::unlink(resolve_path(path).c_str());
+}
+
+StateDict FitState::current_loop_state() {
   if (frozen_loop_) return *frozen_loop_;
+  return loop_state(loader_state());
+}
+
+StateDict FitState::loop_state(std::optional<StateDict> loader) const {
   const bool mid_epoch = progress_.in_epoch && progress_.batches_in_epoch > 0;
   StateDict s;
   s.insert("epoch", progress_.epochs_done);
@@ -139,43 +241,16 @@ StateDict FitState::loop_state(std::optional<StateDict> loader) const {
   return s;
 }
 
-StateDict FitState::checkpoint_base(const torch::nn::Module& module, const StateDict& loop) const {
-  StateDict c;
-  c.insert("epoch", loop.at("epoch"));
-  c.insert("global_step", progress_.global_step);
-  c.insert("pytorch-lightning_version", std::string(checkpoint::lightning_layout_version));
-  c.insert("state_dict", checkpoint::module_state_dict(module).to_ivalue());
-  StateDict loops;
-  loops.insert("fit_loop", loop.to_ivalue());
-  c.insert("loops", loops.to_ivalue());
-  return c;
-}
-
-void FitState::add_training_state(StateDict& c, const StateDict& callbacks,
-                                  const std::function<StateDict(torch::optim::Optimizer&)>& optimizer_state,
-                                  const StateDict& precision) const {
-  c.insert("callbacks", callbacks.to_ivalue());
-  c10::impl::GenericList optimizer_states(c10::AnyType::get()), schedulers(c10::AnyType::get());
-  for (const auto& config : optimizers_) {
-    optimizer_states.push_back(optimizer_state(*config.optimizer).to_ivalue());
-    schedulers.push_back(checkpoint::scheduler_state(config.lr_scheduler).to_ivalue());
-  }
-  c.insert("optimizer_states", optimizer_states);
-  c.insert("lr_schedulers", schedulers);
-  if (!precision.empty()) c.insert("MixedPrecision", precision.to_ivalue());  // Lightning's key: the plugin's class
-}
-
-StateDict FitState::rank_states(torch::nn::Module& module, int world_size,
-                                const std::function<at::Tensor(const at::Tensor&)>& all_gather) const {
+StateDict FitState::rank_states() {
   StateDict mine = checkpoint::random_state();
   const bool accumulating = progress_.in_epoch && progress_.batches_in_epoch % config_.accumulate_grad_batches != 0;
   StateDict grads;
   if (accumulating)
-    for (const auto& item : module.named_parameters())
+    for (const auto& item : module_.named_parameters())
       if (item.value().grad().defined()) grads.insert(item.key(), item.value().grad());
   mine.insert("accumulated_gradients", grads.to_ivalue());
   c10::impl::GenericList ranks(c10::AnyType::get());
-  if (world_size == 1) {
+  if (world_size_ == 1) {
     ranks.push_back(mine.to_ivalue());
   } else {  // through one gathered byte tensor: ranks may hold different things
     const std::vector<char> bytes = checkpoint::to_bytes(mine);
@@ -186,7 +261,7 @@ StateDict FitState::rank_states(torch::nn::Module& module, int world_size,
     at::Tensor padded = at::zeros({longest}, at::kByte);
     padded.narrow(0, 0, local.numel()).copy_(local);
     const at::Tensor all = all_gather(padded).cpu();
-    for (int r = 0; r < world_size; ++r) {
+    for (int r = 0; r < world_size_; ++r) {
       const at::Tensor row = all[r].narrow(0, 0, sizes[r].item<std::int64_t>()).contiguous();
       const char* data = static_cast<const char*>(row.data_ptr());
       ranks.push_back(checkpoint::from_bytes(std::vector<char>(data, data + row.numel()),
@@ -206,7 +281,9 @@ c10::impl::GenericDict FitState::hyperparameters(const Hyperparameters& hparams)
 
 // ---- resume -------------------------------------------------------------------------------------
 
-StateDict FitState::accept_checkpoint(StateDict state, const std::string& path, int world_size) {
+StateDict FitState::read_checkpoint(const std::string& path) {
+  if (path.empty()) return {};
+  StateDict state = load(path);
   const std::string what = "checkpoint '" + path + "'";
   checkpoint::check_format(state, what);
   const StateDict stamp = checkpoint::require_dict(state, "fulgur", what);
@@ -214,20 +291,31 @@ StateDict FitState::accept_checkpoint(StateDict state, const std::string& path, 
   if (!state.contains("optimizer_states"))
     throw CheckpointError("fulgur: " + what + " holds weights only (save_weights_only), so training cannot go "
                           "on from it; load its 'state_dict' into the module instead (checkpoint::module_weights).");
-  if (world != world_size)
+  if (world != world_size_)
     throw CheckpointError("fulgur: " + what + " was written by " + std::to_string(world) + " processes, this run "
-                          "has " + std::to_string(world_size) + "; each rank's random state and data "
+                          "has " + std::to_string(world_size_) + "; each rank's random state and data "
                           "shard belong to its rank: resume with the same devices x num_nodes.");
   checkpoint_path_ = path;
+  // The loggers write on in the version directories of the checkpoint's run, from its logging step
+  // (none kept: written before fulgur kept them).
+  if (stamp.contains("loggers") && stamp.at("loggers").isGenericDict()) {
+    const StateDict loop =
+        checkpoint::require_dict(checkpoint::require_dict(state, "loops", what), "fit_loop", what + "'s loops");
+    resume_loggers(StateDict(stamp.at("loggers").toGenericDict()),
+                   checkpoint::require_int(loop, "batches_that_stepped", what + "'s fit_loop"));
+  }
   return state;
 }
 
-std::optional<std::pair<StateDict, std::int64_t>> FitState::logger_resume_state(const StateDict& c) const {
-  const StateDict stamp = checkpoint::require_dict(c, "fulgur", checkpoint_name());
-  if (!stamp.contains("loggers") || !stamp.at("loggers").isGenericDict()) return std::nullopt;
-  const StateDict loop = checkpoint::require_dict(checkpoint::require_dict(c, "loops", "checkpoint"), "fit_loop", "checkpoint's loops");
-  return std::pair{StateDict(stamp.at("loggers").toGenericDict()),
-                   checkpoint::require_int(loop, "batches_that_stepped", "checkpoint's fit_loop")};
+void FitState::restore(const StateDict& c) {
+  on_load_checkpoint(c);
+  warn_unknown_callbacks(load_callback_states(checkpoint::require_dict(c, "callbacks", checkpoint_name())));
+  restore_module(c);
+  restore_optimizers(c);
+  if (c.contains("MixedPrecision")) load_precision_state(StateDict(c.at("MixedPrecision").toGenericDict()));
+  const StateDict loop = restore_progress(c);
+  view_.set_logging_step(progress_.batches_that_stepped);
+  if (loop.contains("loader")) loader_restored_ = load_loader_state(StateDict(loop.at("loader").toGenericDict()));
 }
 
 void FitState::warn_unknown_callbacks(const std::vector<std::string>& keys) {
@@ -236,22 +324,20 @@ void FitState::warn_unknown_callbacks(const std::vector<std::string>& keys) {
          "have; add it to the Trainer's arguments to restore it (Lightning warns the same).");
 }
 
-void FitState::restore_module(const torch::nn::Module& module, const StateDict& c,
-                              const std::function<void(const StateDict&)>& load) {
+void FitState::restore_module(const StateDict& c) {
   const std::string what = checkpoint_name();
   const StateDict weights = checkpoint::require_dict(c, "state_dict", what);
   try {
-    load(weights);
+    load_module_state(weights);
   } catch (const Error& e) {  // resuming is strict: weights alone go through checkpoint::module_weights
     std::string text = e.what();
     if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
-    throw CheckpointError("fulgur: " + what + " does not fit the module " + module.name() + " (resuming a fit "
+    throw CheckpointError("fulgur: " + what + " does not fit the module " + module_.name() + " (resuming a fit "
                           "needs every weight): " + text);
   }
 }
 
-void FitState::restore_optimizers(const StateDict& c,
-                                  const std::function<void(torch::optim::Optimizer&, const StateDict&)>& load) {
+void FitState::restore_optimizers(const StateDict& c) {
   const std::string what = checkpoint_name();
   const auto optimizer_states = checkpoint::require(c, "optimizer_states", what).toList();
   const auto schedulers = checkpoint::require(c, "lr_schedulers", what).toList();
@@ -261,7 +347,7 @@ void FitState::restore_optimizers(const StateDict& c,
                           "; resume with the module's own configure_optimizers.");
   for (std::size_t i = 0; i < optimizers_.size(); ++i) {
     try {
-      load(*optimizers_[i].optimizer, StateDict(optimizer_states.get(i).toGenericDict()));
+      load_optimizer_state(*optimizers_[i].optimizer, StateDict(optimizer_states.get(i).toGenericDict()));
     } catch (const std::exception& e) {
       std::string text = e.what();
       if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
@@ -275,7 +361,7 @@ void FitState::restore_optimizers(const StateDict& c,
   }
 }
 
-StateDict FitState::restore_progress(const StateDict& c, int global_rank) {
+StateDict FitState::restore_progress(const StateDict& c) {
   const std::string what = checkpoint_name();
   const StateDict loops = checkpoint::require_dict(c, "loops", what);
   const StateDict loop = checkpoint::require_dict(loops, "fit_loop", what + "'s loops");
@@ -303,19 +389,19 @@ StateDict FitState::restore_progress(const StateDict& c, int global_rank) {
   resume_metrics_ = checkpoint::require(loop, "metrics", what).toList();
   resume_views_ = checkpoint::require(loop, "views", what).toGenericDict();
   const auto ranks = checkpoint::require_dict(checkpoint::require_dict(c, "fulgur", what), "ranks", what).at("per_rank").toList();
-  resume_rank_ = StateDict(ranks.get(static_cast<std::size_t>(global_rank)).toGenericDict());
+  resume_rank_ = StateDict(ranks.get(static_cast<std::size_t>(global_rank_)).toGenericDict());
   resuming_ = true;
   return loop;
 }
 
 void FitState::restore_views(c10::Device device) { views_.load_state(resume_views_, device); }
 
-void FitState::restore_epoch_position(torch::nn::Module& module) {
+void FitState::restore_epoch_position() {
   train_metrics_.load_state(resume_metrics_);
   const StateDict grads(resume_rank_.at("accumulated_gradients").toGenericDict());
   if (grads.empty()) return;
   at::NoGradGuard no_grad;
-  for (const auto& item : module.named_parameters())
+  for (const auto& item : module_.named_parameters())
     if (grads.contains(item.key())) item.value().mutable_grad() = grads.at(item.key()).toTensor().to(item.value().device());
 }
 

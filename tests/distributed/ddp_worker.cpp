@@ -3,6 +3,8 @@
 // which fails the ctest case. Global rank 0 prints "PASS <scenario>" at the end.
 #include <fulgur/detail/files.hpp>
 #include <fulgur/fulgur.hpp>
+
+#include "worker.hpp"
 #include <torch/torch.h>
 
 #include <unistd.h>
@@ -22,25 +24,14 @@ using Gloo = BasicDDPStrategy<backend::Gloo>;
 
 namespace {
 
-int failures = 0;
-int my_rank = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::cerr << "rank " << my_rank << " FAILED: " << what << std::endl;
-    ++failures;
-  }
-}
+using worker::check;
+using worker::my_rank;
+using worker::options;
 
 TrainerConfig config(TrainerConfig c = {}) {
   c.enable_progress_bar = false;
   c.devices = 2;
   return c;
-}
-
-DDPOptions options(DDPOptions o = {}) {
-  if (const char* t = std::getenv("FULGUR_TEST_TIMEOUT_MS")) o.timeout = std::chrono::milliseconds(std::atoi(t));
-  return o;
 }
 
 struct NetImpl : torch::nn::Module {
@@ -482,32 +473,23 @@ void preempt(const std::string& mode, const std::string& root) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string scenario = argc > 1 ? argv[1] : "";
-  if (const char* r = std::getenv("RANK")) my_rank = std::atoi(r);
-  try {
-    if (scenario == "collectives") collectives();
-    else if (scenario == "parity") parity();
-    else if (scenario == "accumulation") accumulation();
-    else if (scenario == "unused") {
-      unused_parameters();
-      tied_weights();
-    }
-    else if (scenario == "fault") fault();
-    else if (scenario == "launched") launched();
-    else if (scenario == "amp") amp_agreement();
-    else if (scenario == "nonfinite") nonfinite();
-    else if (scenario == "callbacks") callbacks();
-    else if (scenario == "two_nodes") two_nodes();
-    else if (scenario == "preempt" && argc > 3) preempt(argv[2], argv[3]);
-    else {
-      std::cerr << "usage: ddp_worker collectives|parity|accumulation|unused|fault\n";
-      return 2;
-    }
-  } catch (const std::exception& e) {
-    std::cerr << "rank " << my_rank << " FAILED with an exception: " << e.what() << std::endl;
-    return 1;
-  }
-  if (failures) return 1;
-  if (my_rank == 0) std::cout << "PASS " << scenario << std::endl;
-  return 0;
+  return worker::run(argc > 1 ? argv[1] : "", "usage: ddp_worker collectives|parity|accumulation|unused|fault|...",
+                     [&](const std::string& scenario) {
+                       if (scenario == "collectives") collectives();
+                       else if (scenario == "parity") parity();
+                       else if (scenario == "accumulation") accumulation();
+                       else if (scenario == "unused") {
+                         unused_parameters();
+                         tied_weights();
+                       }
+                       else if (scenario == "fault") fault();
+                       else if (scenario == "launched") launched();
+                       else if (scenario == "amp") amp_agreement();
+                       else if (scenario == "nonfinite") nonfinite();
+                       else if (scenario == "callbacks") callbacks();
+                       else if (scenario == "two_nodes") two_nodes();
+                       else if (scenario == "preempt" && argc > 3) preempt(argv[2], argv[3]);
+                       else return false;
+                       return true;
+                     });
 }

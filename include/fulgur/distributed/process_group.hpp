@@ -59,6 +59,9 @@ class ProcessGroup {
   void broadcast(const at::Tensor& tensor, int src);
   /// One tensor per rank, in rank order (same shape and dtype everywhere).
   std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
+  /// Into `output` (contiguous, size() times input's numel, input's dtype): rank r's input lands in
+  /// its r-th chunk. No tensor is returned, so a caller keeps one buffer across steps.
+  void all_gather_into(const at::Tensor& output, const at::Tensor& input);
   void barrier();
 
   struct Impl;  // opaque: c10d's types live in src/

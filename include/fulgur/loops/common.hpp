@@ -4,6 +4,7 @@
 // reaches the policies only through the Trainer's Fabric-level verbs (`fabric.*`).
 #include <ATen/ATen.h>
 #include <torch/data/example.h>
+#include <c10/util/FunctionRef.h>
 #include <torch/nn/module.h>
 
 #include <csignal>
@@ -82,25 +83,17 @@ std::string position_text(std::string_view step, std::int64_t epoch, std::int64_
 /// nothing happened, a second only when something did. Throws Interrupted or Preempted, whose text
 /// is "<what> <where>". training_done: the run is complete, so a preemption has nothing to save and
 /// only a Ctrl-C still ends fit as interrupted; returns whether a preemption signal was passed over.
+/// The decision itself, compiled once: `any_rank` ORs a flag over the ranks (called only when
+/// world_size > 1), `where` says where the run stopped.
+bool stop_if_signalled(int world_size, c10::function_ref<bool(bool)> any_rank, c10::function_ref<std::string()> where,
+                       bool training_done);
 template <class Fabric, class Where>
 bool stop_if_signalled(Fabric& fabric, Where&& where, bool training_done = false) {
-  const int local_preemption = detail::preemption_signal();
-  const bool local_interrupt = detail::interrupt_requested();
-  bool any = local_preemption != 0 || local_interrupt;
-  bool preemption = local_preemption != 0;
-  bool interrupt = local_interrupt;
-  if (fabric.world_size() > 1) {
-    any = fabric.reduce_boolean_decision(any, /*all=*/false);
-    if (any) preemption = fabric.reduce_boolean_decision(preemption, /*all=*/false);
-    if (any && preemption && training_done) interrupt = fabric.reduce_boolean_decision(interrupt, /*all=*/false);
-  }
-  if (!any) return false;
-  if (!preemption || (training_done && interrupt))
-    throw Interrupted("interrupted by SIGINT (Ctrl-C) " + std::string(where()));
-  if (training_done) return true;
-  const int signal = local_preemption != 0 ? local_preemption : SIGTERM;  // another rank's: say SIGTERM
-  throw Preempted(signal, std::string("preempted by ") + (signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM") + " " +
-                              std::string(where()));
+  const int world_size = fabric.world_size();
+  if (world_size == 1 && detail::preemption_signal() == 0 && !detail::interrupt_requested()) return false;
+  return stop_if_signalled(
+      world_size, [&fabric](bool decision) { return fabric.reduce_boolean_decision(decision, /*all=*/false); },
+      [&where] { return std::string(where()); }, training_done);
 }
 
 /// "the module's parameters are float32 on cpu" (for errors about a batch that does not fit).

@@ -16,8 +16,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -26,13 +24,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "fulgur/checkpoint/io.hpp"
-#include "fulgur/checkpoint/state.hpp"
 #include "fulgur/concepts/training_module.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
 #include "fulgur/interrupt.hpp"
-#include "fulgur/preemption.hpp"
 #include "fulgur/loops/checkpointing.hpp"
 #include "fulgur/loops/common.hpp"
 #include "fulgur/loops/evaluation.hpp"
@@ -91,10 +86,9 @@ class FitLoop final : public FitState {
 
  public:
   FitLoop(Fabric& fabric, Module& module, TrainData& train, ValData& val, FitOptions options = {})
-      : FitState(fabric.config()),
+      : FitState(fabric.config(), module, fabric.view_ops(), fabric.global_rank(), fabric.world_size()),
         options_(std::move(options)),
         fabric_(fabric),
-        view_(ctx_, config_, module, fabric.view_ops()),
         hook_(module, ctx_, fabric.callback_set(), view_),
         train_(fabric.setup_dataloader(train)),
         val_(process_validation(fabric, val)) {}
@@ -102,8 +96,7 @@ class FitLoop final : public FitState {
   FitResult run() {
     InterruptHandler interrupt_handler(config_.handle_interrupt, config_.preemption.enabled);
     try {
-      StateDict resumed = read_checkpoint();  // before any hook: a bad file fails fast
-      if (!resumed.empty()) resume_loggers(resumed);
+      const StateDict resumed = read_checkpoint(options_.ckpt_path);  // before any hook: a bad file fails fast
       set_up();
       if (!resumed.empty()) restore(resumed);
       hook_(hooks::on_fit_start);
@@ -118,36 +111,12 @@ class FitLoop final : public FitState {
       hook_(hooks::on_fit_end);
       hook_(hooks::teardown, Stage::fit);
       fabric_.callback_set().finalize_loggers("success");
-    } catch (const Preempted& e) {  // the batch finished: save where the run is, then shut down
-      std::string path;
-      try {
-        path = write_preemption_checkpoint();
-      } catch (const std::exception& failure) {  // the shutdown still runs; the error says both
-        hook_(hooks::on_exception, e);
-        fabric_.callback_set().finalize_loggers("failed");
-        hook_(hooks::teardown, Stage::fit);
-        throw CheckpointError(std::string("fulgur: ") + e.what() + ", but its checkpoint could not be written: " +
-                              failure.what() + " The run ends without one: resume from an earlier checkpoint, and "
-                              "make default_root_dir writable.");
-      }
-      hook_(hooks::on_exception, e);
-      fabric_.callback_set().finalize_loggers("interrupted");
-      hook_(hooks::teardown, Stage::fit);
-      result_.interrupted = result_.preempted = true;
-      result_.checkpoint_path = path;
-      progress_.stop_reason = e.what();
-      warn(std::string("fulgur: ") + e.what() + "; wrote " + path + ", which the next fit continues exactly with "
-           "FitOptions{.ckpt_path = \"hpc\"} (under SLURM, by itself).");
-    } catch (const Interrupted& e) {  // Ctrl-C: the step finished; shut down as Lightning does, and return
-      hook_(hooks::on_exception, e);
-      fabric_.callback_set().finalize_loggers("interrupted");
-      hook_(hooks::teardown, Stage::fit);
-      result_.interrupted = true;
-      progress_.stop_reason = e.what();
-      warn(std::string("fulgur: ") + e.what() + "; fit returns with FitResult::interrupted = true.");
+    } catch (const Preempted& e) {
+      end_preempted(e);
+    } catch (const Interrupted& e) {
+      end_interrupted(e);
     } catch (const std::exception& e) {
-      hook_(hooks::on_exception, e);
-      fabric_.callback_set().finalize_loggers("failed");
+      shut_down(e, "failed", /*teardown=*/false);
       throw;
     }
     return finish();
@@ -158,106 +127,57 @@ class FitLoop final : public FitState {
   void request_removal(const std::string& path) override { checkpoints_.remove(path); }
 
  private:
-  /// The checkpoint fit resumes from (FitOptions::ckpt_path), read and checked; empty without one.
-  StateDict read_checkpoint() {
-    if (options_.ckpt_path.empty()) return {};
-    return accept_checkpoint(fabric_.load(options_.ckpt_path), options_.ckpt_path, fabric_.world_size());
+  // ---- FitState's view of the Fabric, the callbacks, the hooks and the loader ----------------------
+  StateDict load(const std::string& path) override { return fabric_.load(path); }
+  void save(const std::string& path, const StateDict& state) override { fabric_.save(path, state); }
+  std::string resolve_path(const std::string& path) override { return fabric_.resolve_path(path); }
+  std::string broadcast_text(const std::string& text) override { return fabric_.broadcast(text); }
+  at::Tensor all_gather(const at::Tensor& tensor) override { return fabric_.all_gather(tensor.to(fabric_.device())); }
+  bool any_rank(bool decision) override { return fabric_.reduce_boolean_decision(decision, /*all=*/false); }
+  StateDict optimizer_state(torch::optim::Optimizer& optimizer) override { return fabric_.optimizer_state(optimizer); }
+  void load_optimizer_state(torch::optim::Optimizer& optimizer, const StateDict& state) override {
+    fabric_.load_optimizer_state(optimizer, state);
   }
-
-  /// What fit needs to go on exactly from here: Lightning's .ckpt keys, plus each rank's random
-  /// state and, inside an accumulation window, its gradients. Every rank calls it (the per-rank
-  /// parts are gathered); global rank 0 writes.
-  StateDict checkpoint_state(bool weights_only) {
-    Module& module = hook_.module();
-    StateDict c = checkpoint_base(module, current_loop_state());
-    if (!weights_only) {
-      StateDict callbacks;
-      fabric_.callback_set().save_states(callbacks);
-      add_training_state(c, callbacks, [this](torch::optim::Optimizer& optimizer) { return fabric_.optimizer_state(optimizer); },
-                         fabric_.precision_state());
-    }
-    if constexpr (requires { module.hparams(); }) c.insert("hyper_parameters", hyperparameters(module.hparams()));
-    StateDict stamp = checkpoint::stamp(Fabric::combination_name(), fabric_.world_size());
-    stamp.insert("loggers", fabric_.callback_set().logger_versions().to_ivalue());
-    if (!weights_only)
-      stamp.insert("ranks", rank_states(module, fabric_.world_size(), [this](const at::Tensor& t) {
-                              return fabric_.all_gather(t.to(fabric_.device()));
-                            }).to_ivalue());
-    c.insert("fulgur", stamp.to_ivalue());
-    hook_(hooks::on_save_checkpoint, c);
-    return c;
+  void load_module_state(const StateDict& weights) override {
+    fabric_.load_module_state(hook_.module(), weights, /*strict=*/true);
   }
-
-  /// The loop's position, with the training loader's own state if it keeps one.
-  StateDict current_loop_state() {
-    if constexpr (requires { train_.state_dict(); })
-      if (!frozen_loop_) return loop_state(train_.state_dict());
-    return loop_state();
+  StateDict precision_state() override { return fabric_.precision_state(); }
+  void load_precision_state(const StateDict& state) override { fabric_.load_precision_state(state); }
+  std::string combination_name() const override { return Fabric::combination_name(); }
+  std::optional<c10::impl::GenericDict> module_hyperparameters() override {
+    if constexpr (requires { hook_.module().hparams(); }) return hyperparameters(hook_.module().hparams());
+    else return std::nullopt;
   }
-
-  void write_checkpoint(const std::string& path, bool weights_only) {
-    fabric_.save(path, checkpoint_state(weights_only));
+  StateDict callback_states() override {
+    StateDict states;
+    fabric_.callback_set().save_states(states);
+    return states;
   }
-  void remove_checkpoint(const std::string& path) {
-    if (fabric_.is_global_zero()) ::unlink(fabric_.resolve_path(path).c_str());
+  std::vector<std::string> load_callback_states(const StateDict& states) override {
+    return fabric_.callback_set().load_states(states);
   }
-
-  /// The loggers write on in the version directories of the checkpoint's run, from its logging step.
-  void resume_loggers(const StateDict& c) {
-    if (auto resumed = logger_resume_state(c)) fabric_.callback_set().resume_loggers(resumed->first, resumed->second);
+  StateDict logger_versions() override { return fabric_.callback_set().logger_versions(); }
+  void resume_loggers(const StateDict& versions, std::int64_t step) override {
+    fabric_.callback_set().resume_loggers(versions, step);
   }
-
-  /// Everything but the parts that wait  /// Everything but the parts that wait for their moment (random state, what this epoch logged).
-  void restore(const StateDict& c) {
-    const std::string what = checkpoint_name();
-    Module& module = hook_.module();
-    hook_(hooks::on_load_checkpoint, c);
-    warn_unknown_callbacks(fabric_.callback_set().load_states(checkpoint::require_dict(c, "callbacks", what)));
-    restore_module(module, c, [&](const StateDict& weights) { fabric_.load_module_state(module, weights, /*strict=*/true); });
-    restore_optimizers(c, [this](torch::optim::Optimizer& optimizer, const StateDict& state) {
-      fabric_.load_optimizer_state(optimizer, state);
-    });
-    if (c.contains("MixedPrecision")) fabric_.load_precision_state(StateDict(c.at("MixedPrecision").toGenericDict()));
-    const StateDict loop = restore_progress(c, fabric_.global_rank());
-    view_.set_logging_step(progress_.batches_that_stepped);
-    if constexpr (requires { train_.load_state_dict(StateDict{}); }) {
-      if (loop.contains("loader")) {
-        train_.load_state_dict(StateDict(loop.at("loader").toGenericDict()));
-        loader_restored_ = true;
-      }
+  std::optional<StateDict> loader_state() override {
+    if constexpr (requires { train_.state_dict(); }) return train_.state_dict();
+    else return std::nullopt;
+  }
+  bool load_loader_state(const StateDict& state) override {
+    if constexpr (requires { train_.load_state_dict(state); }) {
+      train_.load_state_dict(state);
+      return true;
+    } else {
+      return false;
     }
   }
-
-  /// Ctrl-C outside the training batches (which check it themselves): the same graceful stop.
-  /// Lightning's hpc_ckpt_{n}.ckpt in default_root_dir, the next n (rank 0's count); every rank
-  /// takes part (the random states are gathered). Then, in a SLURM batch job, the requeue.
-  std::string write_preemption_checkpoint() {
-    std::string name;
-    if (fabric_.is_global_zero()) {
-      const std::string folder = config_.default_root_dir;
-      const std::string path = detail::hpc_checkpoint(folder, /*next=*/true);
-      name = path.substr(folder.size() + 1);
-    }
-    if (fabric_.world_size() > 1) name = fabric_.broadcast(name);
-    write_checkpoint(name, /*weights_only=*/false);
-    if (config_.preemption.auto_requeue && detail::in_slurm_batch_job() && fabric_.is_global_zero())
-      warn("fulgur: " + detail::requeue_slurm_job() + ".");
-    return fabric_.resolve_path(name);
-  }
-
-  /// After the last epoch a Ctrl-C still ends fit as interrupted; a preemption signal does not
-  /// matter any more: the run is complete, nothing needs saving.
-  void stop_if_finished_run_interrupted() {
-    if (stop_if_interrupted("in the last epoch", /*training_done=*/true))
-      warn("fulgur: a preemption signal (SIGTERM/SIGUSR1) arrived as training finished; nothing to save, fit "
-           "completes normally.");
-  }
-
-  bool stop_if_interrupted(const char* where, bool training_done = false) {
-    return stop_if_signalled(fabric_, [&] {
-      return std::string(where) + " (epoch " + std::to_string(ctx_.current_epoch) + ", global_step " +
-             std::to_string(progress_.global_step) + ")";
-    }, training_done);
+  void on_save_checkpoint(StateDict& checkpoint) override { hook_(hooks::on_save_checkpoint, checkpoint); }
+  void on_load_checkpoint(const StateDict& checkpoint) override { hook_(hooks::on_load_checkpoint, checkpoint); }
+  void shut_down(const std::exception& e, const char* status, bool teardown) override {
+    hook_(hooks::on_exception, e);
+    fabric_.callback_set().finalize_loggers(status);
+    if (teardown) hook_(hooks::teardown, Stage::fit);
   }
 
   static ValLoader process_validation(Fabric& fabric, ValData& val) {
@@ -358,7 +278,7 @@ class FitLoop final : public FitState {
       if constexpr (requires { train_.set_epoch(summary.epoch); }) train_.set_epoch(summary.epoch);
       hook_(hooks::on_train_epoch_start);
       if (resumed && first_batch > 0) {  // mid-epoch: as the batch after it found things
-        restore_epoch_position(hook_.module());
+        restore_epoch_position();
         restore_random_state();
       }
       const bool completed = epoch_loop.run(summary, start, first_batch, !loader_restored_);
@@ -392,8 +312,6 @@ class FitLoop final : public FitState {
     view_.log_metrics(logged, progress_.batches_that_stepped - 1);
   }
 
-  bool prints_warnings() const override { return fabric_.is_global_zero(); }
-
   FitResult finish() {
     fabric_.record_fit_position({progress_.epochs_done, progress_.batches_that_stepped});
     return FitState::finish();
@@ -401,7 +319,6 @@ class FitLoop final : public FitState {
 
   FitOptions options_;
   Fabric& fabric_;
-  TrainerView view_;
   HookCallerOf<Fabric, Module> hook_;
   TrainLoader train_;
   ValLoader val_;

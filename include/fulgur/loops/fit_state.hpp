@@ -4,17 +4,25 @@
 // checkpoint and of a resume. It is compiled once, in libfulgur (src/loops/fit_state.cpp), rather
 // than in every translation unit that calls fit: FitLoop (fit.hpp) derives from it and keeps only
 // what must see the module, the data or the Fabric-level verbs.
+//
+// The paths that run a few times a fit (writing a checkpoint, resuming, a preemption or a Ctrl-C,
+// shutting down) live here too: they reach the Fabric, the callbacks, the hooks and the loader
+// through the virtual functions below, which FitLoop implements in a line each. A virtual call
+// there costs nothing that matters; compiling those paths in every file that calls fit was most of
+// fit's compile time (docs/benchmarks.md, "Compile-time cost"). Nothing per step goes through them.
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
 
 #include <cstdint>
-#include <functional>
+#include <exception>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "fulgur/callbacks/trainer_view.hpp"
+#include "fulgur/errors.hpp"
 #include "fulgur/loggers/hyperparameters.hpp"
 #include "fulgur/loops/checkpointing.hpp"
 #include "fulgur/loops/training_epoch.hpp"
@@ -29,12 +37,50 @@ namespace fulgur::loops {
 
 class FitState : public detail::FitCheckpointing {
  protected:
-  explicit FitState(const TrainerConfig& config) : config_(config) {}
+  FitState(const TrainerConfig& config, torch::nn::Module& module, detail::TrainerViewOps view_ops, int global_rank,
+           int world_size)
+      : config_(config),
+        module_(module),
+        view_(ctx_, config, module, view_ops),
+        global_rank_(global_rank),
+        world_size_(world_size) {}
   ~FitState() override;  // out of line: the members' destructors are compiled once
 
-  /// Whether this process prints warnings (global rank 0); they are kept in FitResult on every rank.
-  virtual bool prints_warnings() const = 0;
+  /// Printed by global rank 0; kept in FitResult on every rank.
   void warn(std::string text);
+
+  // ---- what the one-off paths need of FitLoop (the Fabric, the callbacks, the hooks, the loader) --
+  virtual StateDict load(const std::string& path) = 0;
+  /// Every rank takes part; global rank 0 writes.
+  virtual void save(const std::string& path, const StateDict& state) = 0;
+  virtual std::string resolve_path(const std::string& path) = 0;
+  virtual std::string broadcast_text(const std::string& text) = 0;
+  /// The tensor, moved to the device, gathered over the ranks (world_size > 1 only).
+  virtual at::Tensor all_gather(const at::Tensor& tensor) = 0;
+  /// Whether any rank decided so (world_size > 1 only).
+  virtual bool any_rank(bool decision) = 0;
+  virtual StateDict optimizer_state(torch::optim::Optimizer& optimizer) = 0;
+  virtual void load_optimizer_state(torch::optim::Optimizer& optimizer, const StateDict& state) = 0;
+  /// Strict: every weight of the module.
+  virtual void load_module_state(const StateDict& weights) = 0;
+  virtual StateDict precision_state() = 0;
+  virtual void load_precision_state(const StateDict& state) = 0;
+  virtual std::string combination_name() const = 0;
+  /// The module's hparams(), if it has them.
+  virtual std::optional<c10::impl::GenericDict> module_hyperparameters() = 0;
+  virtual StateDict callback_states() = 0;
+  /// Returns the keys no callback claimed.
+  virtual std::vector<std::string> load_callback_states(const StateDict& states) = 0;
+  virtual StateDict logger_versions() = 0;
+  virtual void resume_loggers(const StateDict& versions, std::int64_t step) = 0;
+  /// The training loader's own state, if it keeps one.
+  virtual std::optional<StateDict> loader_state() = 0;
+  /// Whether the training loader took the state (false: it keeps none).
+  virtual bool load_loader_state(const StateDict& state) = 0;
+  virtual void on_save_checkpoint(StateDict& checkpoint) = 0;
+  virtual void on_load_checkpoint(const StateDict& checkpoint) = 0;
+  /// on_exception(e), the loggers finalized with `status`, then teardown("fit") if `teardown`.
+  virtual void shut_down(const std::exception& e, const char* status, bool teardown) = 0;
 
   // ---- the run ----------------------------------------------------------------------------------
   /// configure_optimizers' answer fits the optimization mode and the config (Lightning's checks).
@@ -51,51 +97,48 @@ class FitState : public detail::FitCheckpointing {
   /// FitResult of the run (the metrics read to the host once).
   FitResult finish();
 
+  // ---- interruptions ---------------------------------------------------------------------------
+  /// Ctrl-C or a preemption signal outside the training batches (which check it themselves), agreed
+  /// on by every rank: throws Interrupted or Preempted ("... <where> (epoch e, global_step s)").
+  bool stop_if_interrupted(const char* where, bool training_done = false);
+  /// After the last epoch a Ctrl-C still ends fit as interrupted; a preemption signal does not
+  /// matter any more: the run is complete, nothing needs saving.
+  void stop_if_finished_run_interrupted();
+  /// A preemption: the preemption checkpoint, the shutdown hooks, FitResult::preempted.
+  void end_preempted(const Preempted& e);
+  /// Ctrl-C: the shutdown hooks, FitResult::interrupted.
+  void end_interrupted(const Interrupted& e);
+
   // ---- checkpoints ------------------------------------------------------------------------------
-  /// Where the run is: after batch k of epoch e (mid-epoch: what was logged so far goes too), or
-  /// before an epoch; `loader` is the training loader's own state, if it has one. An epoch cut short
-  /// by a stop keeps its mid-epoch position (frozen then).
-  StateDict loop_state(std::optional<StateDict> loader = std::nullopt) const;
-  /// The keys every checkpoint has (Lightning's epoch, global_step, version, state_dict, loops).
-  StateDict checkpoint_base(const torch::nn::Module& module, const StateDict& loop) const;
-  /// What a full (not weights-only) checkpoint adds: the callbacks' states, each optimizer's state
-  /// (through `optimizer_state`, the Fabric's) and its scheduler's, the precision's.
-  void add_training_state(StateDict& c, const StateDict& callbacks,
-                          const std::function<StateDict(torch::optim::Optimizer&)>& optimizer_state,
-                          const StateDict& precision) const;
-  /// Each rank's random state and pending gradients, one row per rank (all_gather: the Fabric's,
-  /// for a world of more than one).
-  StateDict rank_states(torch::nn::Module& module, int world_size,
-                        const std::function<at::Tensor(const at::Tensor&)>& all_gather) const;
-  static c10::impl::GenericDict hyperparameters(const Hyperparameters& hparams);
+  /// What fit needs to go on exactly from here: Lightning's .ckpt keys, plus each rank's random
+  /// state and, inside an accumulation window, its gradients. Every rank calls it (the per-rank
+  /// parts are gathered); global rank 0 writes.
+  StateDict checkpoint_state(bool weights_only);
+  void write_checkpoint(const std::string& path, bool weights_only) { save(path, checkpoint_state(weights_only)); }
+  void remove_checkpoint(const std::string& path);
+  /// Where the run is: after batch k of epoch e (mid-epoch: what was logged so far goes too, and the
+  /// loader's own state), or before an epoch. An epoch cut short by a stop keeps its mid-epoch
+  /// position (frozen then).
+  StateDict current_loop_state();
 
   // ---- resume -----------------------------------------------------------------------------------
-  /// The checkpoint at `path`, checked before any hook runs: a full training state (not weights
-  /// only) written by as many processes as this run has.
-  StateDict accept_checkpoint(StateDict state, const std::string& path, int world_size);
-  /// "checkpoint '<path>'", for errors.
-  std::string checkpoint_name() const { return "checkpoint '" + checkpoint_path_ + "'"; }
-  /// The logger versions and the logging step a resumed run writes on from (none: written before
-  /// fulgur kept them).
-  std::optional<std::pair<StateDict, std::int64_t>> logger_resume_state(const StateDict& c) const;
-  /// Warns of each callback state the checkpoint holds that no callback of this Trainer claimed.
-  void warn_unknown_callbacks(const std::vector<std::string>& keys);
-  /// Loads the checkpoint's weights through `load` (the Fabric's, strict); a mismatch is a
-  /// CheckpointError naming the file and the module.
-  void restore_module(const torch::nn::Module& module, const StateDict& c, const std::function<void(const StateDict&)>& load);
-  /// Loads each optimizer's state (through `load`, the Fabric's) and its scheduler's.
-  void restore_optimizers(const StateDict& c, const std::function<void(torch::optim::Optimizer&, const StateDict&)>& load);
-  /// The fit_loop section: the progress counters and what waits for its moment (this epoch's logged
-  /// values, the views, this rank's random state and gradients). Returns the section (the loader's
-  /// state is in it).
-  StateDict restore_progress(const StateDict& c, int global_rank);
+  /// The checkpoint fit resumes from (FitOptions::ckpt_path), read and checked before any hook
+  /// runs: a full training state (not weights only) written by as many processes as this run has.
+  /// Empty without one. The loggers go on in the checkpoint's version folders.
+  StateDict read_checkpoint(const std::string& path);
+  /// Everything but the parts that wait for their moment (random state, what this epoch logged).
+  void restore(const StateDict& c);
   void restore_views(c10::Device device);
   /// At the point the checkpoint was taken: this epoch's logged values and the pending gradients.
-  void restore_epoch_position(torch::nn::Module& module);
+  void restore_epoch_position();
   void restore_random_state();
+  static c10::impl::GenericDict hyperparameters(const Hyperparameters& hparams);
 
   const TrainerConfig& config_;
+  torch::nn::Module& module_;
   StepContext ctx_;
+  TrainerView view_;
+  const int global_rank_, world_size_;
   std::vector<OptimizerConfig> optimizers_;
   FitProgress progress_;
   detail::MetricCollection train_metrics_{/*training=*/true};
@@ -112,6 +155,16 @@ class FitState : public detail::FitCheckpointing {
   c10::impl::GenericList resume_metrics_{c10::AnyType::get()};
   c10::impl::GenericDict resume_views_{c10::StringType::get(), c10::AnyType::get()};
   StateDict resume_rank_;
+
+ private:
+  std::string write_preemption_checkpoint();
+  StateDict loop_state(std::optional<StateDict> loader) const;
+  StateDict rank_states();
+  std::string checkpoint_name() const { return "checkpoint '" + checkpoint_path_ + "'"; }
+  void warn_unknown_callbacks(const std::vector<std::string>& keys);
+  void restore_module(const StateDict& c);
+  void restore_optimizers(const StateDict& c);
+  StateDict restore_progress(const StateDict& c);
 };
 
 }  // namespace fulgur::loops

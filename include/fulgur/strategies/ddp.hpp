@@ -241,12 +241,13 @@ class BasicDDPStrategy
     group_.reset();
   }
 
- private:
+ protected:
   distributed::ProcessGroup& group() {
     if (!group_) throw MisconfigurationError("DDPStrategy: the process group is not set up yet (setup_environment).");
     return *group_;
   }
 
+ private:
   distributed::BackendKind backend_kind() const {
     if constexpr (std::is_same_v<Backend, backend::NCCL>)
       return distributed::BackendKind::nccl;
