@@ -3,7 +3,8 @@
 //   fulgur_ddp_us    fulgur DDPStrategy (Gloo), 2 ranks x batch B, 1 thread each
 //   python_ddp_us    torch.nn.parallel.DistributedDataParallel (Gloo), 2 ranks x batch B, 1 thread each
 //   fulgur_zero1_us  fulgur ShardedStrategy<1> (ZeRO stage 1, Gloo), as fulgur_ddp_us; zero1_vs_ddp its ratio
-// Each iteration runs the four (their order rotates), each reporting its own mean step time
+//   fulgur_zero2_us  fulgur ShardedStrategy<2> (ZeRO stage 2), likewise; zero2_vs_ddp
+// Each iteration runs the five (their order rotates), each reporting its own mean step time
 // between barriers after a warm-up; counters are medians over iterations. ratio_vs_python is
 // fulgur_ddp_us / python_ddp_us (goal: <= 1); scaling is fulgur_1proc_us / fulgur_ddp_us.
 #include <benchmark/benchmark.h>
@@ -49,16 +50,19 @@ void BM_ddp_side_by_side(benchmark::State& state) {
                                    " --nproc-per-node=2 --master-port=29883 --no-python " FULGUR_BENCH_DDP_WORKER;
   const std::string python_ddp =
       "OMP_NUM_THREADS=1 " + torchrun + " --nproc-per-node=2 --master-port=29882 " FULGUR_BENCH_PYTHON_DDP;
-  std::vector<double> one, ours, python, zero1, ratios;
+  const std::string fulgur_zero2 = "FULGUR_BENCH_STRATEGY=zero2 OMP_NUM_THREADS=1 " + torchrun +
+                                   " --nproc-per-node=2 --master-port=29884 --no-python " FULGUR_BENCH_DDP_WORKER;
+  std::vector<double> one, ours, python, zero1, zero2, ratios;
   int rotation = 0;
   for (auto _ : state) {
-    double t1 = 0, t2 = 0, t3 = 0, t4 = 0;
-    for (int k = 0; k < 4; ++k) {
-      switch ((rotation + k) % 4) {
+    double t1 = 0, t2 = 0, t3 = 0, t4 = 0, t5 = 0;
+    for (int k = 0; k < 5; ++k) {
+      switch ((rotation + k) % 5) {
         case 0: t1 = run_and_read(single); break;
         case 1: t2 = run_and_read(fulgur_ddp); break;
         case 2: t3 = run_and_read(python_ddp); break;
         case 3: t4 = run_and_read(fulgur_zero1); break;
+        case 4: t5 = run_and_read(fulgur_zero2); break;
       }
     }
     ++rotation;
@@ -66,6 +70,7 @@ void BM_ddp_side_by_side(benchmark::State& state) {
     ours.push_back(t2);
     python.push_back(t3);
     zero1.push_back(t4);
+    zero2.push_back(t5);
     ratios.push_back(t2 / t3);
     state.SetIterationTime(t2 * 1e-6);
   }
@@ -75,6 +80,8 @@ void BM_ddp_side_by_side(benchmark::State& state) {
   state.counters["ratio_vs_python"] = median(ratios);
   state.counters["fulgur_zero1_us"] = median(zero1);
   state.counters["zero1_vs_ddp"] = median(zero1) / median(ours);
+  state.counters["fulgur_zero2_us"] = median(zero2);
+  state.counters["zero2_vs_ddp"] = median(zero2) / median(ours);
   state.counters["scaling"] = median(one) / median(ours);
 }
 }  // namespace

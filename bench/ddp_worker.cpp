@@ -1,6 +1,7 @@
 // One training run for bench_ddp: DDP over Gloo when started by torchrun (2 ranks, batch B each),
-// else one process (batch 2B); FULGUR_BENCH_STRATEGY=zero1 trains under ShardedStrategy<1> instead of DDP. Prints "step_us <mean microseconds per step>" from rank 0, timed
-// between barriers after a warm-up.
+// else one process (batch 2B); FULGUR_BENCH_STRATEGY=zero1 / zero2 trains under ShardedStrategy<1> /
+// <2> instead of DDP. Prints "step_us <mean microseconds per step>" from rank 0, timed between
+// barriers after a warm-up.
 #include <fulgur/fulgur.hpp>
 #include <torch/torch.h>
 
@@ -52,8 +53,14 @@ int main() {
   if (std::getenv("RANK")) {
     config.devices = std::atoi(std::getenv("WORLD_SIZE"));
     const char* strategy = std::getenv("FULGUR_BENCH_STRATEGY");
-    if (strategy != nullptr && std::string(strategy) == "zero1") {  // ShardedStrategy<1>: optimizer state sharded
+    const std::string which = strategy != nullptr ? strategy : "";
+    if (which == "zero1") {  // ShardedStrategy<1>: optimizer state sharded
       fulgur::Trainer<fulgur::CPUAccelerator, fulgur::ShardedStrategy<1, fulgur::backend::Gloo>, fulgur::FloatPrecision>
+          trainer(config);
+      rank = trainer.global_rank();
+      step_us = run(trainer, kBatchPerRank);
+    } else if (which == "zero2") {  // ShardedStrategy<2>: gradients sharded too
+      fulgur::Trainer<fulgur::CPUAccelerator, fulgur::ShardedStrategy<2, fulgur::backend::Gloo>, fulgur::FloatPrecision>
           trainer(config);
       rank = trainer.global_rank();
       step_us = run(trainer, kBatchPerRank);

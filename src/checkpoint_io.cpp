@@ -1,5 +1,6 @@
 // Checkpoint files, module state and optimizer state.
 #include "fulgur/checkpoint/io.hpp"
+#include "fulgur/distributed/shard_state.hpp"
 #include "fulgur/detail/files.hpp"
 
 #include <dirent.h>
@@ -1485,7 +1486,9 @@ StateDict load(const std::string& path, const LoadOptions& options) {
     done += static_cast<std::size_t>(n);
   }
   ::close(fd);
-  return from_memory(bytes.data(), bytes.size(), "checkpoint '" + path + "'", options);
+  StateDict state = from_memory(bytes.data(), bytes.size(), "checkpoint '" + path + "'", options);
+  distributed::resolve_shard_files(state, detail::parent_folder(path));
+  return state;
 }
 
 StateDict module_state_dict(const torch::nn::Module& module) {
@@ -1633,10 +1636,19 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDi
         "them in 'optimizer_states'; LibTorch's optimizers keep their state in another form, which fulgur does not "
         "convert. Load the checkpoint's weights (checkpoint::module_weights) and let the optimizer start afresh.");
   if (state.contains("format") && state.at("format").isString() &&
-      state.at("format").toStringRef() == "fulgur-sharded-optimizer")
-    throw CheckpointError("fulgur: this optimizer state was written under ShardedStrategy (each rank's shard of it); "
-                          "resume under ShardedStrategy on as many ranks, or load only the checkpoint's weights "
-                          "(checkpoint::module_weights).");
+      state.at("format").toStringRef() == "fulgur-sharded-optimizer") {
+    // Every rank's shard, joined into the optimizer's own parameters: the consolidated state.
+    if (!state.contains("bucket_bytes") || !state.contains("first_bucket_bytes"))
+      throw CheckpointError("fulgur: this optimizer state was written under ShardedStrategy by an earlier fulgur, "
+                            "which did not record its layout; resume it under ShardedStrategy on as many ranks, or "
+                            "load only the checkpoint's weights (checkpoint::module_weights).");
+    const std::vector<at::Tensor> archives = distributed::sharded_archives(state);
+    distributed::ShardedOptimizerState(
+        optimizer, archives,
+        {static_cast<std::size_t>(state.at("first_bucket_bytes").toInt()), static_cast<std::size_t>(state.at("bucket_bytes").toInt())})
+        .load_whole(optimizer);
+    return;
+  }
   if (!state.contains("archive") || !state.at("archive").isTensor())
     throw Error("fulgur: the optimizer state has no 'archive' entry; pass a state from optimizer_state_dict().");
   const at::Tensor bytes = state.at("archive").toTensor().contiguous();

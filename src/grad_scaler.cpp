@@ -127,6 +127,12 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   record.stage = Stage::unscaled;
 }
 
+void GradScaler::for_each_found_inf(const torch::optim::Optimizer& optimizer,
+                                    const std::function<void(const at::Tensor&)>& visit) {
+  for (auto& flags : record_for(optimizer).devices)
+    if (flags.checked) visit(flags.found_inf);
+}
+
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled) {
     optimizer.step();

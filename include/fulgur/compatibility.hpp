@@ -31,7 +31,7 @@
 #define FULGUR_MSG_BF16_SCALER \
   "fulgur: precision 'bf16-mixed' does not use a scaler (bfloat16 has float32's exponent range); use BF16MixedPrecision without a GradScaler."
 #define FULGUR_MSG_STRATEGY_PRECISION \
-  "fulgur: this strategy does not support this precision (for example '64-true' is not offered with sharding); pick another precision."
+  "fulgur: this strategy does not support this precision (its supports_precision refuses it: see the strategy's header for why); pick another precision."
 
 namespace fulgur {
 

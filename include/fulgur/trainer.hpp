@@ -294,7 +294,12 @@ class Trainer {
   /// Divides the gradients by the loss scale now, so that code before the step sees true
   /// gradients ('16-mixed'; nothing under the other precisions). clip_gradients and
   /// optimizer_step do it themselves when it has not been done.
-  void unscale_gradients(torch::optim::Optimizer& optimizer) { precision_.unscale_gradients(optimizer); }
+  void unscale_gradients(torch::optim::Optimizer& optimizer) {
+    if constexpr (requires { strategy_.unscale_gradients(optimizer, precision_); })
+      strategy_.unscale_gradients(optimizer, precision_);  // a strategy whose optimizer holds other gradients
+    else
+      precision_.unscale_gradients(optimizer);
+  }
 
   /// Clips by value or by norm (unscaling first). Returns the total norm before clipping for
   /// max_norm, an undefined tensor for clip_val.
@@ -366,17 +371,18 @@ class Trainer {
   /// A state of another optimizer type or of other parameters is a CheckpointError.
   void load_optimizer_state(torch::optim::Optimizer& optimizer, const StateDict& state) {
     try {
-      if constexpr (requires { strategy_.load_optimizer_state_dict(optimizer, state); })
-        strategy_.load_optimizer_state_dict(optimizer, state);  // a strategy that keeps it in its own form
-      else
+      if constexpr (requires { strategy_.load_optimizer_state_dict(optimizer, state); }) {
+        strategy_.load_optimizer_state_dict(optimizer, state);  // a strategy that keeps it in its own form (and checks it)
+      } else {
         checkpoint::load_optimizer_state_dict(optimizer, state);
+        detail::check_optimizer_state_shapes(optimizer);
+      }
     } catch (const c10::Error& e) {  // LibTorch's own check reads "INTERNAL ASSERT FAILED ... report a bug"
       std::string text = detail::first_line(e.what_without_backtrace());
       if (const auto at = text.find("INTERNAL ASSERT FAILED"); at != std::string::npos) text = "the state's type differs";
       throw CheckpointError("fulgur: the optimizer state does not fit the optimizer (" + text + "): load the state "
                             "of the same optimizer type over the same parameters.");
     }
-    detail::check_optimizer_state_shapes(optimizer);
   }
   StateDict precision_state() const { return precision_.state_dict(); }
   void load_precision_state(const StateDict& state) { precision_.load_state_dict(state); }

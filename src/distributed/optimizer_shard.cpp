@@ -1,4 +1,4 @@
-// ZeRO stage 1 for one optimizer (include/fulgur/distributed/optimizer_shard.hpp).
+// The ZeRO layout of one optimizer's parameters (include/fulgur/distributed/optimizer_shard.hpp).
 #include "fulgur/distributed/optimizer_shard.hpp"
 
 #include <ATen/ATen.h>
@@ -14,12 +14,12 @@ namespace fulgur::distributed {
 
 /// The trainable parameters of one param group of one dtype and device, packed.
 struct OptimizerShard::Unit {
-  std::vector<at::Tensor> params;
-  at::Tensor weights;     // flat, padded to a multiple of the world size; the params alias it
-  at::Tensor shard;       // this rank's slice of `weights`: what the optimizer steps
-  at::Tensor shard_grad;  // its gradient
-  at::Tensor send;        // the shard's copy, sent by the all-gather
-  std::int64_t numel = 0, shard_begin = 0;
+  std::vector<at::Tensor> params;  // in layout order: reverse of the group's
+  std::vector<Bucket> buckets;
+  at::Tensor weights;     // flat, every bucket padded; the params alias it
+  at::Tensor shard_grad;  // this rank's chunk of every bucket's gradient, side by side
+  at::Tensor send;        // a copy of the rank's chunks, sent by the all-gathers
+  std::int64_t numel = 0;
 };
 
 namespace {
@@ -31,6 +31,8 @@ at::Tensor alias(const at::Tensor& flat, std::int64_t offset, at::IntArrayRef si
   return t;
 }
 
+std::int64_t round_up(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
 /// LibTorch's Adagrad creates its state in its constructor (sum = initial_accumulator_value, step 0);
 /// untouched, it is dropped here and made again for the shards.
 bool fresh_adagrad(torch::optim::Optimizer& optimizer) {
@@ -41,7 +43,66 @@ bool fresh_adagrad(torch::optim::Optimizer& optimizer) {
 }
 }  // namespace
 
-OptimizerShard::OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& optimizer)
+ShardPlan ShardPlan::of(const torch::optim::Optimizer& optimizer, int world_size, ShardLayout layout) {
+  const std::int64_t world = world_size;
+  ShardPlan plan;
+  std::vector<const void*> packed;  // a parameter listed twice (tied weights) is packed, and stepped, once
+  for (const auto& param_group : optimizer.param_groups()) {
+    Group& group = plan.groups.emplace_back();
+    std::vector<std::vector<at::Tensor>> units;  // this group's, in order of first appearance
+    for (const at::Tensor& p : param_group.params()) {
+      if (!p.requires_grad()) {  // never has a gradient: the optimizer passes over it, as before
+        group.frozen.push_back(p);
+        continue;
+      }
+      if (std::find(packed.begin(), packed.end(), p.unsafeGetTensorImpl()) != packed.end()) continue;
+      packed.push_back(p.unsafeGetTensorImpl());
+      auto it = std::find_if(units.begin(), units.end(), [&](const auto& u) {
+        return u.front().scalar_type() == p.scalar_type() && u.front().device() == p.device();
+      });
+      if (it == units.end()) it = units.insert(units.end(), std::vector<at::Tensor>{});
+      it->push_back(p);
+    }
+    for (auto& params : units) {
+      std::reverse(params.begin(), params.end());  // backward's order: last layers first
+      Unit& unit = group.units.emplace_back();
+      const auto element = static_cast<std::int64_t>(params.front().element_size());
+      const std::int64_t align = std::max<std::int64_t>(1, 64 / element);  // 64-byte starts: the kernels' alignment
+      // A bucket ends where the next parameter would pass its cap, and is padded to world aligned chunks.
+      std::int64_t cursor = 0, bytes = 0;
+      auto close = [&] {
+        Bucket& b = unit.buckets.back();
+        b.content = cursor;
+        b.numel = round_up(std::max<std::int64_t>(cursor, 1), align * world);
+        std::int64_t end = 0;
+        for (const Slot& s : b.slots) {
+          if (s.offset > end) b.gaps.emplace_back(end, s.offset - end);
+          end = s.offset + s.param.numel();
+        }
+        if (b.numel > end) b.gaps.emplace_back(end, b.numel - end);
+      };
+      for (const at::Tensor& p : params) {
+        const std::int64_t p_bytes = p.numel() * element;
+        const auto cap = static_cast<std::int64_t>(unit.buckets.size() <= 1 ? layout.first_bucket_bytes
+                                                                            : layout.bucket_bytes);
+        if (unit.buckets.empty() || (cursor > 0 && bytes + p_bytes > cap)) {
+          if (!unit.buckets.empty()) close();
+          unit.buckets.emplace_back();
+          cursor = bytes = 0;
+        }
+        const std::int64_t offset = round_up(cursor, align);
+        unit.buckets.back().slots.push_back({p, offset});
+        cursor = offset + p.numel();
+        bytes += p_bytes;
+        unit.numel += p.numel();
+      }
+      close();
+    }
+  }
+  return plan;
+}
+
+OptimizerShard::OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& optimizer, ShardLayout layout)
     : group_(group), optimizer_(&optimizer) {
   if (dynamic_cast<torch::optim::LBFGS*>(&optimizer) != nullptr)
     throw MisconfigurationError("fulgur: ShardedStrategy cannot shard LBFGS: its step takes dot products over every "
@@ -52,57 +113,58 @@ OptimizerShard::OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& opt
                                 "was loaded into it) before fit set it up; let fit create it in configure_optimizers, "
                                 "and resume with FitOptions::ckpt_path.");
   optimizer.state().clear();
-  const int world = group.size(), rank = group.rank();
+  const std::int64_t world = group.size(), rank = group.rank();
+  const ShardPlan plan = ShardPlan::of(optimizer, group.size(), layout);
   at::NoGradGuard no_grad;
-  std::vector<const void*> packed;  // a parameter listed twice (tied weights) is packed, and stepped, once
-  for (auto& param_group : optimizer.param_groups()) {
-    std::vector<std::unique_ptr<Unit>> units;  // this group's, in order of first appearance
-    std::vector<at::Tensor> frozen;
-    for (const at::Tensor& p : param_group.params()) {
-      if (!p.requires_grad()) {  // never has a gradient: the optimizer passes over it, as before
-        frozen.push_back(p);
-        continue;
-      }
-      if (std::find(packed.begin(), packed.end(), p.unsafeGetTensorImpl()) != packed.end()) continue;
-      packed.push_back(p.unsafeGetTensorImpl());
-      auto it = std::find_if(units.begin(), units.end(), [&](const auto& u) {
-        return u->params.front().scalar_type() == p.scalar_type() && u->params.front().device() == p.device();
-      });
-      if (it == units.end()) {
-        units.push_back(std::make_unique<Unit>());
-        it = std::prev(units.end());
-      }
-      (*it)->params.push_back(p);
-      (*it)->numel += p.numel();
-    }
+  for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+    const auto& param_group = optimizer.param_groups()[g];
     std::vector<at::Tensor> shards;
-    for (auto& unit : units) {
-      const at::TensorOptions options = unit->params.front().options().requires_grad(false);
-      const std::int64_t per_rank = (unit->numel + world - 1) / world;
-      unit->weights = at::zeros({per_rank * world}, options);
-      std::int64_t offset = 0;
-      for (at::Tensor& p : unit->params) {
-        at::Tensor in_flat = alias(unit->weights, offset, p.sizes());
-        in_flat.copy_(p);
-        p.set_data(in_flat);  // the module's parameter, the same tensor object, now in the flat buffer
-        offset += p.numel();
+    for (const ShardPlan::Unit& planned : plan.groups[g].units) {
+      auto unit = std::make_unique<Unit>();
+      const at::Tensor& first = planned.buckets.front().slots.front().param;
+      const at::TensorOptions options = first.options().requires_grad(false);
+      std::int64_t total = 0;
+      for (const auto& b : planned.buckets) total += b.numel;
+      unit->numel = planned.numel;
+      unit->weights = at::zeros({total}, options);
+      unit->send = at::empty({total / world}, options);
+      unit->shard_grad = at::zeros({total / world}, options);
+      std::int64_t start = 0, chunk_start = 0;
+      for (const auto& planned_bucket : planned.buckets) {
+        Bucket& b = unit->buckets.emplace_back();
+        b.slots = planned_bucket.slots;
+        b.gaps = planned_bucket.gaps;
+        b.numel = planned_bucket.numel;
+        const std::int64_t chunk = b.numel / world;
+        b.weights = alias(unit->weights, start, {b.numel});
+        b.shard = alias(unit->weights, start + rank * chunk, {chunk});  // the module's weights: always current
+        b.shard_grad = alias(unit->shard_grad, chunk_start, {chunk});
+        b.send = alias(unit->send, chunk_start, {chunk});
+        b.shard.mutable_grad() = b.shard_grad;
+        for (Slot& s : b.slots) {
+          unit->params.push_back(s.param);
+          at::Tensor in_flat = alias(unit->weights, start + s.offset, s.param.sizes());
+          in_flat.copy_(s.param);
+          s.param.set_data(in_flat);  // the module's parameter, the same tensor object, now in the flat buffer
+        }
+        start += b.numel;
+        chunk_start += chunk;
       }
-      unit->shard_begin = rank * per_rank;
-      unit->shard = alias(unit->weights, unit->shard_begin, {per_rank});
-      unit->shard_grad = at::zeros({per_rank}, options);
-      unit->shard.mutable_grad() = unit->shard_grad;
-      unit->send = at::empty({per_rank}, options);
-      if (adagrad) {
-        const auto& defaults = static_cast<const torch::optim::AdagradOptions&>(param_group.options());
-        auto state = std::make_unique<torch::optim::AdagradParamState>();
-        state->step(0);
-        state->sum(at::full_like(unit->shard, defaults.initial_accumulator_value()));
-        optimizer.state()[unit->shard.unsafeGetTensorImpl()] = std::move(state);
+      for (Bucket& b : unit->buckets) {
+        if (adagrad) {
+          const auto& defaults = static_cast<const torch::optim::AdagradOptions&>(param_group.options());
+          auto state = std::make_unique<torch::optim::AdagradParamState>();
+          state->step(0);
+          state->sum(at::full_like(b.shard, defaults.initial_accumulator_value()));
+          optimizer.state()[b.shard.unsafeGetTensorImpl()] = std::move(state);
+        }
+        shards.push_back(b.shard);
+        buckets_.push_back(&b);
       }
-      shards.push_back(unit->shard);
+      shard_grads_.push_back(unit->shard_grad);
       units_.push_back(std::move(unit));
     }
-    shards.insert(shards.end(), frozen.begin(), frozen.end());
+    shards.insert(shards.end(), plan.groups[g].frozen.begin(), plan.groups[g].frozen.end());
     swapped_params_.push_back(std::move(shards));
   }
 }
@@ -125,32 +187,36 @@ OptimizerShard::ShardView::~ShardView() {
 
 void OptimizerShard::copy_gradients() {
   at::NoGradGuard no_grad;
-  for (auto& unit : units_) {
-    const std::int64_t begin = unit->shard_begin, end = begin + unit->shard.numel();
-    std::int64_t offset = 0;  // the padding's gradient stays zero: no parameter covers it
-    for (const at::Tensor& p : unit->params) {
-      const std::int64_t from = std::max(begin, offset), to = std::min(end, offset + p.numel());
-      if (from < to) {
-        at::Tensor target = unit->shard_grad.narrow(0, from - begin, to - from);
-        if (p.grad().defined()) target.copy_(p.grad().reshape({-1}).narrow(0, from - offset, to - from));
-        else target.zero_();
-      }
-      offset += p.numel();
+  const std::int64_t rank = group_.rank();
+  for (const Bucket* b : buckets_) {
+    const std::int64_t chunk = b->shard.numel(), begin = rank * chunk, end = begin + chunk;
+    for (const Slot& s : b->slots) {  // gaps keep their zero gradient: no parameter covers them
+      const std::int64_t from = std::max(begin, s.offset), to = std::min(end, s.offset + s.param.numel());
+      if (from >= to) continue;
+      at::Tensor target = b->shard_grad.narrow(0, from - begin, to - from);
+      if (s.param.grad().defined()) target.copy_(s.param.grad().reshape({-1}).narrow(0, from - s.offset, to - from));
+      else target.zero_();
     }
   }
 }
 
 void OptimizerShard::gather_parameters() {
   at::NoGradGuard no_grad;
-  for (auto& unit : units_) {
-    unit->send.copy_(unit->shard);
-    group_.all_gather_into(unit->weights, unit->send);
+  for (const Bucket* b : buckets_) {
+    b->send.copy_(b->shard);
+    group_.all_gather_into(b->weights, b->send);
   }
+}
+
+std::vector<at::Tensor> OptimizerShard::shards() const {
+  std::vector<at::Tensor> out;
+  for (const Bucket* b : buckets_) out.push_back(b->shard);
+  return out;
 }
 
 std::int64_t OptimizerShard::shard_numel() const {
   std::int64_t n = 0;
-  for (const auto& unit : units_) n += unit->shard.numel();
+  for (const auto& unit : units_) n += unit->shard_grad.numel();
   return n;
 }
 

@@ -288,13 +288,26 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
 }
 
 void ProcessGroup::all_gather_into(const at::Tensor& output, const at::Tensor& input) {
-  if (!output.is_contiguous() || output.numel() != input.numel() * impl_->size ||
+  if (!output.is_contiguous() || !input.is_contiguous() || output.numel() != input.numel() * impl_->size ||
       output.scalar_type() != input.scalar_type())
-    throw Error("fulgur: all_gather_into: the output must be contiguous, of the input's dtype and world size times "
-                "its number of elements.");
-  std::vector<std::vector<at::Tensor>> outputs{output.view({-1}).chunk(impl_->size)};
-  std::vector<at::Tensor> inputs{input.contiguous().view({-1})};
-  impl_->wait(impl_->launch("all_gather", [&] { return impl_->backend->allgather(outputs, inputs); }), "all_gather");
+    throw Error("fulgur: all_gather_into: the output and input must be contiguous, of one dtype, the output world "
+                "size times the input's number of elements.");
+  at::Tensor out = output, in = input;  // c10d takes them by non-const reference; no copy is made
+  impl_->wait(impl_->launch("all_gather", [&] { return impl_->backend->_allgather_base(out, in); }), "all_gather");
+}
+
+PendingCollective ProcessGroup::reduce_scatter_sum_async(const at::Tensor& output, const at::Tensor& input) {
+  if (!output.is_contiguous() || !input.is_contiguous() || input.numel() != output.numel() * impl_->size ||
+      output.scalar_type() != input.scalar_type())
+    throw Error("fulgur: reduce_scatter: the output and input must be contiguous, of one dtype, the input world "
+                "size times the output's number of elements.");
+  at::Tensor out = output, in = input;
+  PendingCollective pending;
+  pending.impl_ = std::make_unique<PendingCollective::Impl>();
+  pending.impl_->op = "reduce_scatter(gradients)";
+  pending.impl_->group = impl_.get();
+  pending.impl_->work = impl_->launch(pending.impl_->op, [&] { return impl_->backend->_reduce_scatter_base(out, in); });
+  return pending;
 }
 
 void ProcessGroup::barrier() {

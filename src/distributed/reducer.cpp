@@ -1,12 +1,12 @@
 #include "fulgur/distributed/reducer.hpp"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <mutex>
 
 #include "fulgur/errors.hpp"
+#include "gradient_hook.hpp"
 
 namespace fulgur::distributed {
 
@@ -56,15 +56,6 @@ struct GradientReducer::State {
   }
 };
 
-namespace {
-struct GradientReadyHook final : torch::autograd::PostAccumulateGradHook {
-  GradientReducer::State* state;
-  std::size_t index;
-  GradientReadyHook(GradientReducer::State* s, std::size_t i) : state(s), index(i) {}
-  void operator()(const torch::autograd::Variable&) override { state->on_gradient(index); }
-};
-}  // namespace
-
 GradientReducer::GradientReducer(ProcessGroup& group, std::vector<std::pair<std::string, at::Tensor>> named_parameters,
                                  ReducerOptions options)
     : state_(std::make_unique<State>()) {
@@ -101,8 +92,7 @@ GradientReducer::GradientReducer(ProcessGroup& group, std::vector<std::pair<std:
   state_->used = at::zeros({static_cast<std::int64_t>(state_->slots.size())},
                            at::TensorOptions().dtype(at::kInt).device(device));
   for (std::size_t i = 0; i < state_->slots.size(); ++i)
-    torch::autograd::impl::set_post_acc_grad_hooks(state_->slots[i].param,
-                                                   std::make_unique<GradientReadyHook>(state_.get(), i));
+    detail::install_gradient_hook(state_->slots[i].param, state_.get(), i);
 }
 
 GradientReducer::~GradientReducer() {
@@ -150,10 +140,7 @@ void GradientReducer::finalize_backward() {
     }
     if (!unused.empty()) {
       s.poisoned = true;
-      std::string names;
-      for (std::size_t i = 0; i < unused.size() && i < 10; ++i) names += (i ? "', '" : "'") + unused[i];
-      names += "'";
-      if (unused.size() > 10) names += " and " + std::to_string(unused.size() - 10) + " more";
+      const std::string names = detail::quoted_names(unused);
       throw DistributedError("fulgur: DDP: the parameter(s) " + names + " got no gradient in this backward on rank " +
                              std::to_string(s.group->rank()) +
                              ", so their all-reduce cannot complete. Make every parameter take part in the loss, or "
@@ -209,6 +196,12 @@ void GradientReducer::abandon_backward() noexcept {
 }
 
 std::size_t GradientReducer::bucket_count() const { return state_->buckets.size(); }
+
+std::int64_t GradientReducer::buffer_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& bucket : state_->buckets) n += bucket.flat.numel() * static_cast<std::int64_t>(bucket.flat.element_size());
+  return n;
+}
 
 std::vector<std::vector<std::string>> GradientReducer::bucket_layout() const {
   std::vector<std::vector<std::string>> layout;

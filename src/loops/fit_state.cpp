@@ -1,6 +1,8 @@
 // The module-independent half of the fit loop (include/fulgur/loops/fit_state.hpp).
 #include "fulgur/loops/fit_state.hpp"
 
+#include "fulgur/detail/files.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <iostream>
@@ -214,7 +216,10 @@ StateDict FitState::checkpoint_state(bool weights_only) {
 }
 
 void FitState::remove_checkpoint(const std::string& path) {
-  if (global_rank_ == 0) ::unlink(resolve_path(path).c_str());
+  if (global_rank_ != 0) return;
+  const std::string file = resolve_path(path);
+  ::unlink(file.c_str());
+  detail::remove_tree(file + ".shards");  // a sharded checkpoint's shard files (ShardedStrategy)
 }
 
 StateDict FitState::current_loop_state() {
@@ -351,9 +356,11 @@ void FitState::restore_optimizers(const StateDict& c) {
     } catch (const std::exception& e) {
       std::string text = e.what();
       if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
+      // The reason may say already how to resume (a sharded state under another strategy).
+      const bool says_how = text.find("resume") != std::string::npos || text.find("Resume") != std::string::npos;
       throw CheckpointError("fulgur: " + what + "'s optimizer state " + std::to_string(i) + " does not fit the "
                             "optimizer configure_optimizers returned: " + detail::first_line(text) +
-                            " Resume with the same optimizer type and parameters.");
+                            (says_how ? "" : " Resume with the same optimizer type and parameters."));
     }
     if (i < schedulers.size())
       checkpoint::load_scheduler_state(optimizers_[i].lr_scheduler, StateDict(schedulers.get(i).toGenericDict()),

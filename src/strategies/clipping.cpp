@@ -2,6 +2,7 @@
 #include "fulgur/strategies/clipping.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <string>
 
@@ -51,6 +52,26 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm
                 "and scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=false`");
   const at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
   for (auto& group : groups) at::_foreach_mul_(group.grads, coef.to(group.device));
+  return total;
+}
+
+at::Tensor clip_sharded_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, double norm_type,
+                                  bool error_if_nonfinite,
+                                  const std::function<void(const at::Tensor&, ReduceOp)>& all_reduce) {
+  const bool inf = std::isinf(norm_type);
+  const c10::ScalarType dtype = grads.front().scalar_type();
+  std::vector<at::Tensor> parts;
+  for (const auto& n : at::_foreach_norm(grads, norm_type)) parts.push_back(n.to(dtype));
+  const at::Tensor norms = at::stack(parts);
+  at::Tensor local = inf ? norms.max() : norms.pow(norm_type).sum();  // this rank's share
+  all_reduce(local, inf ? ReduceOp::max : ReduceOp::sum);
+  const at::Tensor total = inf ? local : local.pow(1.0 / norm_type);
+  if (error_if_nonfinite && at::logical_or(total.isnan(), total.isinf()).item<bool>())
+    throw Error("The total norm of order " + std::to_string(norm_type) +
+                " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error "
+                "and scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=false`");
+  const at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
+  at::_foreach_mul_(grads, coef);
   return total;
 }
 

@@ -1,35 +1,85 @@
 #pragma once
-// OptimizerShard: ZeRO stage 1 for one optimizer — each rank keeps the optimizer state of 1/N of
-// the parameters.
+// OptimizerShard: one optimizer's parameters laid out for ZeRO — each rank keeps the optimizer
+// state (stage 1), and the gradients (stage 2), of 1/N of them.
 //
-// At set-up, each param group's trainable parameters (per dtype and device: a "unit") are packed
-// into one flat buffer, padded to a multiple of the world size, and the module's parameters become
-// aliases of it (the same tensor objects, whole on every rank). This rank's contiguous 1/N of a
-// flat buffer is its shard, with a gradient buffer of the same size.
+// At set-up each param group's trainable parameters, per dtype and device (a "unit"), are packed
+// into one flat buffer that the module's parameters then alias (the same tensor objects, whole on
+// every rank). The buffer is cut into buckets: parameters in reverse order (the order backward
+// produces their gradients), each starting on a 64-byte boundary, a bucket holding about
+// bucket_bytes and padded to N equal, aligned chunks. This rank's chunk of each bucket is a shard
+// the optimizer steps (an alias of the module's weights, so a weight loaded or changed by hand is
+// what it steps; the fp32 master weights under mixed precision); their gradients lie side by side
+// in one buffer per unit. Stage 2 reduce-scatters each bucket's gradients into the
+// chunks while backward runs (distributed/sharded_reducer.hpp); both stages all-gather each
+// bucket's chunks back into the flat buffer after the step. The layout depends only on the
+// parameters, the world size and the bucket sizes, so stages 1 and 2 read each other's states.
 //
 // Outside a step the optimizer's param groups hold the module's parameters as before, so
-// zero_grad, toggle_optimizer, clipping and the loss scaler's unscale work on the module's
-// (averaged, whole) gradients exactly as under DDP. For the step — and to save or load its state —
-// the groups hold the shards instead (`with_shards`): the optimizer keeps state only for them. So
-// any torch::optim optimizer whose update is element by element (SGD, Adam, AdamW, Adagrad,
-// RMSprop) steps with the arithmetic of the unsharded step. After the step the shards are
-// all-gathered into every rank's flat buffers, which are the module's weights.
+// zero_grad, toggle_optimizer and the hooks see the module (stage 1: with its whole averaged
+// gradients, so unscaling and clipping are DDP's). For the step — and to save or load its state —
+// the groups hold the shards instead (`with_shards`): the optimizer keeps state only for them.
+// Any torch::optim optimizer whose update is element by element (SGD, Adam, AdamW, Adagrad,
+// RMSprop) steps with the arithmetic of the unsharded step.
 #include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "fulgur/distributed/process_group.hpp"
 
 namespace fulgur::distributed {
 
+/// Bucket sizes of the flat layout (DDPOptions' first_bucket_bytes and bucket_bytes).
+struct ShardLayout {
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< a unit's first bucket: its reduction starts early
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+};
+
+/// Where each trainable parameter of an optimizer goes, for a world of N ranks (no tensors made).
+struct ShardPlan {
+  struct Slot {
+    at::Tensor param;
+    std::int64_t offset = 0;  // elements from the bucket's start
+  };
+  struct Bucket {
+    std::vector<Slot> slots;
+    std::vector<std::pair<std::int64_t, std::int64_t>> gaps;  // (offset, length) no parameter covers: zero gradient
+    std::int64_t content = 0;  // where the last parameter ends (the same for every N)
+    std::int64_t numel = 0;    // padded to N aligned chunks
+  };
+  struct Unit {  // a param group's trainable parameters of one dtype and device, in layout order
+    std::vector<Bucket> buckets;
+    std::int64_t numel = 0;  // of the parameters
+  };
+  struct Group {
+    std::vector<Unit> units;
+    std::vector<at::Tensor> frozen;  // requires_grad false: never packed
+  };
+  std::vector<Group> groups;
+
+  static ShardPlan of(const torch::optim::Optimizer& optimizer, int world, ShardLayout layout);
+};
+
 class OptimizerShard {
  public:
+  using Slot = ShardPlan::Slot;
+  /// A contiguous, padded stretch of a unit's flat buffer. The tensors are aliases made once.
+  struct Bucket {
+    std::vector<Slot> slots;
+    std::vector<std::pair<std::int64_t, std::int64_t>> gaps;  // (offset, length) no parameter covers: zero gradient
+    at::Tensor weights;            // the bucket in the flat buffer: world_size chunks
+    at::Tensor shard;              // this rank's chunk of `weights`: what the optimizer steps
+    at::Tensor shard_grad, send;   // its gradient, and its copy for the all-gather (in per-unit buffers)
+    std::int64_t numel = 0;        // padded
+  };
+
   /// The optimizer must hold no state yet (LibTorch's Adagrad, which creates its state up front,
   /// is given a fresh one for the shards), and must not be LBFGS (its step needs every parameter).
-  OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& optimizer);
+  OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& optimizer, ShardLayout layout = {});
   ~OptimizerShard();
   OptimizerShard(const OptimizerShard&) = delete;
   OptimizerShard& operator=(const OptimizerShard&) = delete;
@@ -50,13 +100,20 @@ class OptimizerShard {
   };
   ShardView with_shards() { return ShardView(*this); }
 
-  /// This rank's part of the module's gradients into the shards' gradients (a parameter without
-  /// gradient contributes zeros).
+  /// Stage 1: this rank's chunks of the module's (averaged, whole) gradients into the shards'
+  /// gradients (a parameter without gradient contributes zeros).
   void copy_gradients();
-  /// Every rank's shard into every rank's flat buffers: the module's weights.
+  /// Every rank's chunks into every rank's flat buffers: the module's weights.
   void gather_parameters();
 
-  /// Elements of the optimizer's view (this rank's shards) and of the whole (the module's).
+  /// Every bucket, in unit order: what the stage-2 reducer fills.
+  const std::vector<Bucket*>& buckets() const { return buckets_; }
+  /// The shards (one per bucket, in the order of buckets()).
+  std::vector<at::Tensor> shards() const;
+  /// The shards' gradient buffers (one per unit).
+  const std::vector<at::Tensor>& shard_grads() const { return shard_grads_; }
+
+  /// Elements the optimizer steps on this rank (its shards, with their padding) and of the whole.
   std::int64_t shard_numel() const;
   std::int64_t full_numel() const;
 
@@ -65,6 +122,8 @@ class OptimizerShard {
   ProcessGroup& group_;
   torch::optim::Optimizer* optimizer_;
   std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<Bucket*> buckets_;
+  std::vector<at::Tensor> shard_grads_;
   // Per param group: its shards, then its frozen parameters. A ShardView swaps each with the group's
   // own list (no allocation), and back.
   std::vector<std::vector<at::Tensor>> swapped_params_;

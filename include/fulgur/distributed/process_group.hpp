@@ -62,6 +62,9 @@ class ProcessGroup {
   /// Into `output` (contiguous, size() times input's numel, input's dtype): rank r's input lands in
   /// its r-th chunk. No tensor is returned, so a caller keeps one buffer across steps.
   void all_gather_into(const at::Tensor& output, const at::Tensor& input);
+  /// Sums `input` (contiguous, size() times output's numel) over the ranks and leaves its r-th chunk
+  /// in rank r's `output`; returns at once: wait() on the result.
+  PendingCollective reduce_scatter_sum_async(const at::Tensor& output, const at::Tensor& input);
   void barrier();
 
   struct Impl;  // opaque: c10d's types live in src/

@@ -48,6 +48,8 @@ class GradientReducer {
   bool sync() const { return sync_; }
 
   std::size_t bucket_count() const;
+  /// Bytes of the bucket buffers (a second copy of the gradients, as PyTorch's DDP keeps).
+  std::int64_t buffer_bytes() const;
   /// Parameter names per bucket, in launch order (for tests and diagnostics).
   std::vector<std::vector<std::string>> bucket_layout() const;
 

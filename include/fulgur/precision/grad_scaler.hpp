@@ -9,6 +9,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "fulgur/state_dict.hpp"
@@ -55,6 +56,9 @@ class GradScaler {
   const at::Tensor& scale_tensor() const { return scale_; }
   std::int64_t growth_tracker() const;
   Stage stage(const torch::optim::Optimizer& optimizer) const;
+  /// The inf/NaN flags unscale_ recorded for `optimizer` (one per device), in place: a sharded
+  /// strategy, whose ranks each checked their shard, all-reduces them before step().
+  void for_each_found_inf(const torch::optim::Optimizer& optimizer, const std::function<void(const at::Tensor&)>& visit);
 
   bool is_enabled() const { return options_.enabled; }
   double get_growth_factor() const { return options_.growth_factor; }

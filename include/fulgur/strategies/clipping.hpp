@@ -4,7 +4,10 @@
 // at 1), without LibTorch's host sync: the total norm stays a tensor.
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <vector>
+
+#include "fulgur/concepts/vocabulary.hpp"
 
 namespace fulgur {
 
@@ -15,5 +18,12 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm
 
 /// Clamps every gradient of `params` into [-clip_value, clip_value].
 void clip_grad_value(const std::vector<at::Tensor>& params, double clip_value);
+
+/// The same over gradients sharded across ranks: each rank passes its shards' gradients, and
+/// `all_reduce` (in place) combines the ranks' sums of |g|^p (or maxima for the inf norm), so every
+/// rank scales its shard by the coefficient of the whole.
+at::Tensor clip_sharded_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, double norm_type,
+                                  bool error_if_nonfinite,
+                                  const std::function<void(const at::Tensor&, ReduceOp)>& all_reduce);
 
 }  // namespace fulgur

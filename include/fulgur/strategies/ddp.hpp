@@ -30,6 +30,7 @@
 #include "fulgur/data/apply.hpp"
 #include "fulgur/distributed/environment.hpp"
 #include "fulgur/distributed/launcher.hpp"
+#include "fulgur/distributed/no_sync.hpp"
 #include "fulgur/distributed/process_group.hpp"
 #include "fulgur/distributed/reducer.hpp"
 #include "fulgur/errors.hpp"
@@ -102,19 +103,8 @@ class BasicDDPStrategy
   /// Broadcasts rank 0's parameters and buffers, then installs the gradient hooks.
   void setup_module(torch::nn::Module& module) {
     reducer_.reset();  // first: its destructor removes its hooks, which must not be the new ones
-    at::NoGradGuard no_grad;
-    std::vector<std::pair<std::string, at::Tensor>> named;
-    std::vector<const void*> seen;  // tied weights: one tensor registered under two names counts once
-    for (const auto& item : module.named_parameters()) {
-      const void* impl = item.value().unsafeGetTensorImpl();
-      if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
-      seen.push_back(impl);
-      group().broadcast(item.value().detach(), 0);
-      named.emplace_back(item.key(), item.value());
-    }
-    for (const auto& item : module.named_buffers()) group().broadcast(item.value(), 0);
     reducer_ = std::make_unique<distributed::GradientReducer>(
-        group(), std::move(named),
+        group(), broadcast_module(module),
         distributed::ReducerOptions{options_.first_bucket_bytes, options_.bucket_bytes, options_.find_unused_parameters});
   }
   /// Gives a shard-aware loader (TensorLoader) this rank's part of the data.
@@ -140,24 +130,7 @@ class BasicDDPStrategy
     precision.post_backward(loss, module);
   }
   /// While alive, backward accumulates gradients locally (no communication).
-  class [[nodiscard]] NoSyncGuard {
-   public:
-    explicit NoSyncGuard(distributed::GradientReducer* reducer) : reducer_(reducer) {
-      if (reducer_) {
-        previous_ = reducer_->sync();
-        reducer_->set_sync(false);
-      }
-    }
-    ~NoSyncGuard() {
-      if (reducer_) reducer_->set_sync(previous_);
-    }
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-
-   private:
-    distributed::GradientReducer* reducer_;
-    bool previous_ = true;
-  };
+  using NoSyncGuard = distributed::NoSyncGuard<distributed::GradientReducer>;
   NoSyncGuard no_backward_sync(torch::nn::Module&, bool enabled = true) {
     return NoSyncGuard(enabled ? reducer_.get() : nullptr);
   }
@@ -245,6 +218,23 @@ class BasicDDPStrategy
   distributed::ProcessGroup& group() {
     if (!group_) throw MisconfigurationError("DDPStrategy: the process group is not set up yet (setup_environment).");
     return *group_;
+  }
+  const DDPOptions& options() const { return options_; }
+  /// Rank 0's parameters and buffers to every rank; returns the parameters by name, each once
+  /// (tied weights: one tensor registered under two names counts once).
+  std::vector<std::pair<std::string, at::Tensor>> broadcast_module(torch::nn::Module& module) {
+    at::NoGradGuard no_grad;
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    std::vector<const void*> seen;
+    for (const auto& item : module.named_parameters()) {
+      const void* impl = item.value().unsafeGetTensorImpl();
+      if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
+      seen.push_back(impl);
+      group().broadcast(item.value().detach(), 0);
+      named.emplace_back(item.key(), item.value());
+    }
+    for (const auto& item : module.named_buffers()) group().broadcast(item.value(), 0);
+    return named;
   }
 
  private:
