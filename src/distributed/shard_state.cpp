@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "fulgur/checkpoint/io.hpp"
+#include "fulgur/detail/files.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur::distributed {
@@ -98,6 +99,10 @@ std::vector<at::Tensor> sharded_archives(const StateDict& state, int only_rank) 
     for (std::int64_t r = 0; r < world; ++r) {
       if (only_rank >= 0 && r != only_rank) continue;
       const std::string file = files.get(static_cast<std::size_t>(r)).toStringRef();
+      if (!fulgur::detail::path_exists(file))
+        throw CheckpointError("fulgur: rank " + std::to_string(r) + "'s optimizer shard file '" + file +
+                              "' is missing: a sharded checkpoint is its file and the '.shards' folder beside it; "
+                              "copy or move them together.");
       const StateDict part = checkpoint::load(file);
       if (!part.contains("format") || part.at("format").toStringRef() != "fulgur-optimizer-shards" ||
           part.at("rank").toInt() != r)

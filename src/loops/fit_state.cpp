@@ -356,11 +356,12 @@ void FitState::restore_optimizers(const StateDict& c) {
     } catch (const std::exception& e) {
       std::string text = e.what();
       if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
-      // The reason may say already how to resume (a sharded state under another strategy).
-      const bool says_how = text.find("resume") != std::string::npos || text.find("Resume") != std::string::npos;
-      throw CheckpointError("fulgur: " + what + "'s optimizer state " + std::to_string(i) + " does not fit the "
-                            "optimizer configure_optimizers returned: " + detail::first_line(text) +
-                            (says_how ? "" : " Resume with the same optimizer type and parameters."));
+      // A sharded state's file may be missing (not a mismatch); the reason may say already what to do.
+      const bool unreadable = text.find("shard file") != std::string::npos;
+      const bool says_how = unreadable || text.find("resume") != std::string::npos || text.find("Resume") != std::string::npos;
+      throw CheckpointError("fulgur: " + what + "'s optimizer state " + std::to_string(i) +
+                            (unreadable ? " cannot be read: " : " does not fit the optimizer configure_optimizers returned: ") +
+                            detail::first_line(text) + (says_how ? "" : " Resume with the same optimizer type and parameters."));
     }
     if (i < schedulers.size())
       checkpoint::load_scheduler_state(optimizers_[i].lr_scheduler, StateDict(schedulers.get(i).toGenericDict()),

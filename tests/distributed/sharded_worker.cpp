@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <string>
@@ -455,6 +456,24 @@ void checkpoints(const std::string& dir) {
     const auto second = fulgur::detail::subdirectories(dir + "/one_epoch.ckpt.shards");
     check(first.size() == 1 && second.size() == 1 && first != second,
           "saving again replaced the shard files (" + std::to_string(second.size()) + " folder(s) left)");
+  }
+  // The manifest copied without its .shards folder: the error names the missing file and what to do.
+  {
+    if (my_rank == 0) {
+      fulgur::detail::make_directories(dir + "/alone");
+      std::ifstream in(dir + "/one_epoch.ckpt", std::ios::binary);
+      std::ofstream(dir + "/alone/one_epoch.ckpt", std::ios::binary) << in.rdbuf();
+    }
+    std::string message;
+    try {
+      fit(3, dir + "/alone/one_epoch.ckpt", "");  // rank 0 copies before fit's first collective
+    } catch (const CheckpointError& e) {
+      message = e.what();
+    }
+    check(message.find("shard file") != std::string::npos && message.find("is missing") != std::string::npos &&
+              message.find(".shards' folder beside it") != std::string::npos &&
+              message.find("does not fit") == std::string::npos,
+          "a manifest without its shards: " + message);
   }
   const auto resumed = fit(3, dir + "/one_epoch.ckpt", "");
   check(max_difference(straight, resumed) == 0.0,
