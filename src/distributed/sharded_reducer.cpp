@@ -51,6 +51,15 @@ struct ShardedGradientReducer::State {
     slot.state = SlotState::sent;
     --buckets[slot.bucket].pending;
   }
+  /// After a failure: every collective already sent is done before any buffer is reused or freed.
+  void wait_all_quietly() noexcept {
+    for (auto& bucket : buckets) {
+      try {
+        bucket.work.wait();
+      } catch (...) {
+      }
+    }
+  }
   /// Its staging buffer is free once bucket index - ring's collective is done.
   void open(std::size_t index) {
     Bucket& bucket = buckets[index];
@@ -122,10 +131,6 @@ ShardedGradientReducer::ShardedGradientReducer(ProcessGroup& group, const std::v
       bucket.layout = layout;
       bucket.owner = shard;
       for (const auto& slot : layout->slots) {
-        for (const auto& other : s.slots)
-          if (other.param.unsafeGetTensorImpl() == slot.param.unsafeGetTensorImpl())
-            throw MisconfigurationError("fulgur: ShardedStrategy: the parameter '" + other.name +
-                                        "' is in two optimizers; each parameter may belong to one optimizer only.");
         bucket.slots.push_back(s.slots.size());
         s.slots.push_back({name_of(slot.param), slot.param, s.buckets.size(), {}, State::SlotState::waiting});
       }
@@ -221,12 +226,7 @@ void ShardedGradientReducer::finalize_backward() {
   if (!unused.empty()) {
     s.poisoned = true;
     const std::string names = detail::quoted_names(unused);
-    for (auto& bucket : s.buckets) {
-      try {
-        bucket.work.wait();
-      } catch (...) {
-      }
-    }
+    s.wait_all_quietly();
     throw DistributedError("fulgur: ShardedStrategy: the parameter(s) " + names + " got no gradient in this backward "
                            "on rank " + std::to_string(s.group->rank()) + ", so their reduce-scatter cannot complete. "
                            "Make every parameter take part in the loss, or set DDPOptions::find_unused_parameters = true.");
@@ -248,12 +248,7 @@ void ShardedGradientReducer::finalize_backward() {
     }
   } catch (...) {
     s.poisoned = true;
-    for (auto& bucket : s.buckets) {
-      try {
-        bucket.work.wait();
-      } catch (...) {
-      }
-    }
+    s.wait_all_quietly();
     throw;
   }
   const double world = static_cast<double>(s.group->size());
@@ -273,12 +268,7 @@ void ShardedGradientReducer::abandon_backward() noexcept {
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.armed) s.poisoned = true;
   s.armed = false;
-  for (auto& bucket : s.buckets) {
-    try {
-      bucket.work.wait();  // no collective may still write into a buffer
-    } catch (...) {
-    }
-  }
+  s.wait_all_quietly();  // no collective may still write into a buffer
 }
 
 void ShardedGradientReducer::gradients_consumed(const OptimizerShard& shard) {

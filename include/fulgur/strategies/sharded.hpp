@@ -238,9 +238,8 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
       detail::check_optimizer_state_shapes(optimizer);
       return;
     }
-    for (const char* key : {"bucket_bytes", "first_bucket_bytes"}) {
-      const std::int64_t mine = key[0] == 'b' ? static_cast<std::int64_t>(o.bucket_bytes)
-                                              : static_cast<std::int64_t>(o.first_bucket_bytes);
+    for (const auto& [key, size] : {std::pair{"bucket_bytes", o.bucket_bytes}, std::pair{"first_bucket_bytes", o.first_bucket_bytes}}) {
+      const auto mine = static_cast<std::int64_t>(size);
       if (!state.contains(key) || state.at(key).toInt() != mine)
         throw CheckpointError(std::string("fulgur: ShardedStrategy: the optimizer state was sharded with DDPOptions::") +
                               key + " = " + (state.contains(key) ? std::to_string(state.at(key).toInt()) : "?") +
