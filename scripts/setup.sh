@@ -28,9 +28,19 @@ stamp="$venv/.fulgur-setup-$TORCH_VERSION-$LIGHTNING_VERSION-$SKLEARN_VERSION-$T
 if [ ! -f "$stamp" ]; then
   py="${FULGUR_PYTHON:-python3}"
   [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip
+  # torch with its CUDA libraries takes about 5.1 GiB installed: say so up front rather than fail
+  # half-way with pip's "No space left on device" (seen once on a CI machine with little disk).
+  need_kib=$((6 * 1024 * 1024))
+  free_kib=$(df -Pk "$venv" | awk 'NR == 2 { print $4 }')
+  if [ -n "$free_kib" ] && [ "$free_kib" -lt "$need_kib" ]; then
+    echo "[setup] not enough disk for LibTorch: $((free_kib / 1024)) MiB free at $venv, about 6144 MiB needed" \
+         "(torch $TORCH_VERSION with its CUDA libraries); free some space or set FULGUR_VENV to a larger disk" >&2
+    exit 1
+  fi
+  "$venv/bin/python" -m pip install -q --no-cache-dir --upgrade pip
   echo "[setup] installing torch==$TORCH_VERSION (LibTorch) into $venv"
-  "$venv/bin/python" -m pip install -q "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" \
+  # No pip cache: a second copy of the wheels (gigabytes) is what fills a small disk.
+  "$venv/bin/python" -m pip install -q --no-cache-dir "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" \
       "scikit-learn==$SKLEARN_VERSION" "lightning==$LIGHTNING_VERSION" \
       "tensorboard==$TENSORBOARD_VERSION" "matplotlib==$MATPLOTLIB_VERSION"
   touch "$stamp"
