@@ -1638,15 +1638,8 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDi
   if (state.contains("format") && state.at("format").isString() &&
       state.at("format").toStringRef() == "fulgur-sharded-optimizer") {
     // Every rank's shard, joined into the optimizer's own parameters: the consolidated state.
-    if (!state.contains("bucket_bytes") || !state.contains("first_bucket_bytes"))
-      throw CheckpointError("fulgur: this optimizer state was written under ShardedStrategy by an earlier fulgur, "
-                            "which did not record its layout; resume it under ShardedStrategy on as many ranks, or "
-                            "load only the checkpoint's weights (checkpoint::module_weights).");
     const std::vector<at::Tensor> archives = distributed::sharded_archives(state);
-    distributed::ShardedOptimizerState(
-        optimizer, archives,
-        {static_cast<std::size_t>(state.at("first_bucket_bytes").toInt()), static_cast<std::size_t>(state.at("bucket_bytes").toInt())})
-        .load_whole(optimizer);
+    distributed::ShardedOptimizerState(optimizer, archives, distributed::sharded_layout(state)).load_whole(optimizer);
     return;
   }
   if (!state.contains("archive") || !state.at("archive").isTensor())

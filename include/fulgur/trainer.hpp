@@ -40,6 +40,7 @@
 #include "fulgur/data/batch.hpp"
 #include "fulgur/detail/files.hpp"
 #include "fulgur/data/tensor_loader.hpp"
+#include "fulgur/distributed/meta_init.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/loops/evaluation.hpp"
 #include "fulgur/loops/fit.hpp"
@@ -245,7 +246,12 @@ class Trainer {
     torch::nn::Module& m = detail::referent(module);
     precision_.convert_module(m);
     strategy_.module_to_device(m);
-    if (use == ModuleSetup::evaluation) return;  // backward(loss) keeps the module set up for training
+    if (use == ModuleSetup::evaluation) {  // backward(loss) keeps the module set up for training
+      distributed::refuse_meta_tensors(m, "a model built in init_module(/*empty_init=*/true) gets its memory when "
+                                          "fit sets it up: fit it before validate, test or predict, or build it "
+                                          "with init_module().");
+      return;
+    }
     strategy_.setup_module(m);
     module_ = &m;
   }
@@ -366,7 +372,12 @@ class Trainer {
   /// A path as save and load take it: a relative one under TrainerConfig::default_root_dir.
   std::string resolve_path(const std::string& path) const { return resolve(path); }
   /// The states a checkpoint holds, each through its policy.
-  StateDict module_state(const torch::nn::Module& module) const { return checkpoint::module_state_dict(module); }
+  StateDict module_state(const torch::nn::Module& module) {
+    if constexpr (requires { strategy_.get_module_state_dict(module); })
+      return strategy_.get_module_state_dict(module);  // a strategy that holds the weights in its own form
+    else
+      return checkpoint::module_state_dict(module);
+  }
   StateDict optimizer_state(torch::optim::Optimizer& optimizer) { return strategy_.get_optimizer_state(optimizer); }
   /// A state of another optimizer type or of other parameters is a CheckpointError.
   void load_optimizer_state(torch::optim::Optimizer& optimizer, const StateDict& state) {

@@ -6,6 +6,7 @@
 #include <torch/optim/lbfgs.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "fulgur/errors.hpp"
@@ -18,7 +19,7 @@ struct OptimizerShard::Unit {
   std::vector<Bucket> buckets;
   at::Tensor weights;     // flat, every bucket padded; the params alias it
   at::Tensor shard_grad;  // this rank's chunk of every bucket's gradient, side by side
-  at::Tensor send;        // a copy of the rank's chunks, sent by the all-gathers
+  at::Tensor send;        // a copy of the rank's chunks, sent by the all-gathers (stage 3: the shards)
   std::int64_t numel = 0;
 };
 
@@ -43,9 +44,12 @@ bool fresh_adagrad(torch::optim::Optimizer& optimizer) {
 }
 }  // namespace
 
-ShardPlan ShardPlan::of(const torch::optim::Optimizer& optimizer, int world_size, ShardLayout layout) {
+ShardPlan ShardPlan::of(const torch::optim::Optimizer& optimizer, int world_size, const ShardLayout& layout,
+                        const std::function<std::int64_t(const at::Tensor&)>& wrap_unit) {
   const std::int64_t world = world_size;
   ShardPlan plan;
+  std::size_t counted_bucket = 0;  // layout.bucket_params: the bucket being filled, and its parameters so far
+  std::int64_t counted = 0;
   std::vector<const void*> packed;  // a parameter listed twice (tied weights) is packed, and stepped, once
   for (const auto& param_group : optimizer.param_groups()) {
     Group& group = plan.groups.emplace_back();
@@ -81,11 +85,35 @@ ShardPlan ShardPlan::of(const torch::optim::Optimizer& optimizer, int world_size
         }
         if (b.numel > end) b.gaps.emplace_back(end, b.numel - end);
       };
+      std::int64_t wrapped = -1;  // the current bucket's wrapped submodule
       for (const at::Tensor& p : params) {
         const std::int64_t p_bytes = p.numel() * element;
         const auto cap = static_cast<std::int64_t>(unit.buckets.size() <= 1 ? layout.first_bucket_bytes
                                                                             : layout.bucket_bytes);
-        if (unit.buckets.empty() || (cursor > 0 && bytes + p_bytes > cap)) {
+        bool cut = false;
+        if (wrap_unit) {
+          const std::int64_t id = wrap_unit(p);
+          cut = id != wrapped;
+          wrapped = id;
+        } else if (!layout.bucket_params.empty()) {
+          if (counted_bucket >= layout.bucket_params.size())
+            throw CheckpointError("fulgur: ShardedStrategy: the layout names " + std::to_string(layout.bucket_params.size()) +
+                                  " buckets, but the optimizer has more parameters than they hold; it was written "
+                                  "for other parameters.");
+          cut = counted == layout.bucket_params[counted_bucket] && counted > 0;
+          if (cut) {
+            ++counted_bucket;
+            counted = 0;
+            if (counted_bucket >= layout.bucket_params.size())
+              throw CheckpointError("fulgur: ShardedStrategy: the optimizer has more parameters than the layout's " +
+                                    std::to_string(layout.bucket_params.size()) + " buckets hold; it was written for "
+                                    "other parameters.");
+          }
+          ++counted;
+        } else {
+          cut = cursor > 0 && bytes + p_bytes > cap;
+        }
+        if (unit.buckets.empty() || cut) {
           if (!unit.buckets.empty()) close();
           unit.buckets.emplace_back();
           cursor = bytes = 0;
@@ -97,13 +125,35 @@ ShardPlan ShardPlan::of(const torch::optim::Optimizer& optimizer, int world_size
         unit.numel += p.numel();
       }
       close();
+      if (!layout.bucket_params.empty() && !wrap_unit) {  // a unit ends its bucket
+        if (counted != layout.bucket_params[counted_bucket])
+          throw CheckpointError("fulgur: ShardedStrategy: the layout's bucket " + std::to_string(counted_bucket) +
+                                " holds " + std::to_string(layout.bucket_params[counted_bucket]) +
+                                " parameters, the optimizer's " + std::to_string(counted) +
+                                "; it was written for other parameters.");
+        ++counted_bucket;
+        counted = 0;
+      }
     }
   }
+  if (!layout.bucket_params.empty() && !wrap_unit && counted_bucket != layout.bucket_params.size())
+    throw CheckpointError("fulgur: ShardedStrategy: the layout names " + std::to_string(layout.bucket_params.size()) +
+                          " buckets, the optimizer's parameters fill " + std::to_string(counted_bucket) +
+                          "; it was written for other parameters.");
   return plan;
 }
 
-OptimizerShard::OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& optimizer, ShardLayout layout)
-    : group_(group), optimizer_(&optimizer) {
+std::vector<std::int64_t> ShardPlan::bucket_params() const {
+  std::vector<std::int64_t> out;
+  for (const Group& g : groups)
+    for (const Unit& u : g.units)
+      for (const Bucket& b : u.buckets) out.push_back(static_cast<std::int64_t>(b.slots.size()));
+  return out;
+}
+
+OptimizerShard::OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& optimizer, const ShardLayout& layout,
+                               bool shard_parameters, std::optional<c10::Device> materialize_on)
+    : group_(group), optimizer_(&optimizer), shard_parameters_(shard_parameters), layout_(layout) {
   if (dynamic_cast<torch::optim::LBFGS*>(&optimizer) != nullptr)
     throw MisconfigurationError("fulgur: ShardedStrategy cannot shard LBFGS: its step takes dot products over every "
                                 "parameter at once; use DDPStrategy with LBFGS.");
@@ -122,12 +172,19 @@ OptimizerShard::OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& opt
     for (const ShardPlan::Unit& planned : plan.groups[g].units) {
       auto unit = std::make_unique<Unit>();
       const at::Tensor& first = planned.buckets.front().slots.front().param;
-      const at::TensorOptions options = first.options().requires_grad(false);
+      at::TensorOptions options = first.options().requires_grad(false);
+      if (first.is_meta()) {
+        if (!materialize_on || !shard_parameters)
+          throw MisconfigurationError("fulgur: ShardedStrategy: the optimizer's parameters are on the meta device "
+                                      "(built in init_module(/*empty_init=*/true)); only ShardedStrategy<3> "
+                                      "materialises them, at set-up: build the model with init_module() instead.");
+        options = options.device(*materialize_on);
+      }
       std::int64_t total = 0;
       for (const auto& b : planned.buckets) total += b.numel;
       unit->numel = planned.numel;
-      unit->weights = at::zeros({total}, options);
-      unit->send = at::empty({total / world}, options);
+      if (!shard_parameters) unit->weights = at::zeros({total}, options);
+      unit->send = shard_parameters ? at::zeros({total / world}, options) : at::empty({total / world}, options);
       unit->shard_grad = at::zeros({total / world}, options);
       std::int64_t start = 0, chunk_start = 0;
       for (const auto& planned_bucket : planned.buckets) {
@@ -136,16 +193,32 @@ OptimizerShard::OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& opt
         b.gaps = planned_bucket.gaps;
         b.numel = planned_bucket.numel;
         const std::int64_t chunk = b.numel / world;
-        b.weights = alias(unit->weights, start, {b.numel});
-        b.shard = alias(unit->weights, start + rank * chunk, {chunk});  // the module's weights: always current
+        if (shard_parameters) {  // storage of its own, to be freed; the shard apart from it
+          b.weights = at::zeros({b.numel}, options);
+          b.send = alias(unit->send, chunk_start, {chunk});
+          b.shard = b.send;
+        } else {
+          b.weights = alias(unit->weights, start, {b.numel});
+          b.shard = alias(unit->weights, start + rank * chunk, {chunk});  // the module's weights: always current
+          b.send = alias(unit->send, chunk_start, {chunk});
+        }
         b.shard_grad = alias(unit->shard_grad, chunk_start, {chunk});
-        b.send = alias(unit->send, chunk_start, {chunk});
         b.shard.mutable_grad() = b.shard_grad;
         for (Slot& s : b.slots) {
           unit->params.push_back(s.param);
-          at::Tensor in_flat = alias(unit->weights, start + s.offset, s.param.sizes());
-          in_flat.copy_(s.param);
-          s.param.set_data(in_flat);  // the module's parameter, the same tensor object, now in the flat buffer
+          at::Tensor in_flat = alias(b.weights, s.offset, s.param.sizes());
+          if (s.param.is_meta()) {
+            // No value to copy, and set_data refuses a change of device kind: the same tensor object
+            // takes the flat buffer's memory directly (what set_data does after its check).
+            s.param.unsafeGetTensorImpl()->shallow_copy_from(in_flat.getIntrusivePtr());
+          } else {
+            in_flat.copy_(s.param);
+            s.param.set_data(in_flat);  // the module's parameter, the same tensor object, now in the flat buffer
+          }
+        }
+        if (shard_parameters) {
+          b.shard.copy_(b.weights.narrow(0, rank * chunk, chunk));
+          release(b);
         }
         start += b.numel;
         chunk_start += chunk;
@@ -202,9 +275,110 @@ void OptimizerShard::copy_gradients() {
 
 void OptimizerShard::gather_parameters() {
   at::NoGradGuard no_grad;
-  for (const Bucket* b : buckets_) {
+  for (Bucket* b : buckets_) {
+    if (shard_parameters_) {
+      if (!b->gathered) gather(*b);
+      continue;
+    }
     b->send.copy_(b->shard);
     group_.all_gather_into(b->weights, b->send);
+  }
+}
+
+namespace {
+/// The storage's bytes freed: tensors that view it keep their shapes and offsets (FSDP's
+/// `_free_storage`); autograd's saved tensors see the same storage come back.
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+}
+void allocate_storage(const at::Tensor& t, std::size_t nbytes) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+}  // namespace
+
+namespace {
+void record_versions(OptimizerShard::Bucket& bucket) {
+  bucket.versions.clear();
+  for (const auto& slot : bucket.slots) bucket.versions.push_back(slot.param._version());
+}
+}  // namespace
+
+void OptimizerShard::gather(Bucket& bucket, bool communicate) {
+  if (bucket.gathered) return;
+  allocate_storage(bucket.weights, static_cast<std::size_t>(bucket.numel) * bucket.weights.element_size());
+  bucket.gathered = true;
+  record_versions(bucket);
+  if (!communicate) {
+    bucket.weights.zero_();
+    record_versions(bucket);
+    return;
+  }
+  try {
+    group_.all_gather_into(bucket.weights, bucket.shard);  // the backend's own call: no version counter moves
+  } catch (...) {
+    bucket.weights.zero_();  // not half-written memory: the op under way finishes on zeros
+    record_versions(bucket);
+    throw;
+  }
+}
+
+PendingCollective OptimizerShard::gather_ahead(Bucket& bucket, at::Tensor& landing) {
+  landing = at::empty({bucket.numel}, bucket.weights.options());
+  return group_.all_gather_into_async(landing, bucket.shard);
+}
+
+void OptimizerShard::adopt(Bucket& bucket, at::Tensor& landing, PendingCollective& pending) {
+  pending.wait();  // first: on failure the landing buffer is dropped with the error
+  c10::StorageImpl* from = landing.storage().unsafeGetStorageImpl();
+  c10::StorageImpl* to = bucket.weights.storage().unsafeGetStorageImpl();
+  const std::size_t nbytes = from->nbytes();
+  to->set_data_ptr_noswap(std::move(from->mutable_data_ptr()));  // the memory moves; no copy
+  to->set_nbytes(nbytes);
+  from->set_nbytes(0);
+  landing = at::Tensor();
+  bucket.gathered = true;
+  record_versions(bucket);
+}
+
+void OptimizerShard::release(Bucket& bucket) {
+  if (!bucket.gathered) return;
+  bool written = false;
+  for (std::size_t i = 0; i < bucket.slots.size() && i < bucket.versions.size(); ++i)
+    written = written || bucket.slots[i].param._version() != bucket.versions[i];
+  if (written) {  // every rank wrote the same (the module runs alike on all): its own chunk back
+    at::NoGradGuard no_grad;
+    const std::int64_t chunk = bucket.shard.numel();
+    bucket.shard.copy_(bucket.weights.narrow(0, group_.rank() * chunk, chunk));
+  }
+  free_storage(bucket.weights);
+  bucket.gathered = false;
+}
+
+void OptimizerShard::keep_initialized(Bucket& bucket) {
+  at::NoGradGuard no_grad;
+  group_.broadcast(bucket.weights, 0);  // as an eager model's weights are at set-up: rank 0's
+  const std::int64_t chunk = bucket.shard.numel();
+  bucket.shard.copy_(bucket.weights.narrow(0, group_.rank() * chunk, chunk));
+  record_versions(bucket);  // the shard is current: release has nothing to write back
+  release(bucket);
+}
+
+void OptimizerShard::bump_versions() {
+  for (Bucket* b : buckets_)
+    for (const auto& slot : b->slots) slot.param.unsafeGetTensorImpl()->bump_version();
+}
+
+void OptimizerShard::scatter_parameters() {
+  at::NoGradGuard no_grad;
+  const std::int64_t rank = group_.rank();
+  for (Bucket* b : buckets_) {
+    if (!b->gathered) continue;
+    const std::int64_t chunk = b->shard.numel();
+    b->shard.copy_(b->weights.narrow(0, rank * chunk, chunk));
   }
 }
 

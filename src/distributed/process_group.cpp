@@ -262,14 +262,19 @@ void ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   }
 }
 
-PendingCollective ProcessGroup::all_reduce_sum_async(const at::Tensor& tensor) {
-  std::vector<at::Tensor> tensors{tensor};
+template <class Launch>
+PendingCollective ProcessGroup::start(const char* op, Launch&& launch) {
   PendingCollective pending;
   pending.impl_ = std::make_unique<PendingCollective::Impl>();
-  pending.impl_->op = "all_reduce(gradients)";
+  pending.impl_->op = op;
   pending.impl_->group = impl_.get();
-  pending.impl_->work = impl_->launch(pending.impl_->op, [&] { return impl_->backend->allreduce(tensors); });
+  pending.impl_->work = impl_->launch(pending.impl_->op, launch);
   return pending;
+}
+
+PendingCollective ProcessGroup::all_reduce_sum_async(const at::Tensor& tensor) {
+  std::vector<at::Tensor> tensors{tensor};
+  return start("all_reduce(gradients)", [&] { return impl_->backend->allreduce(tensors); });
 }
 
 void ProcessGroup::broadcast(const at::Tensor& tensor, int src) {
@@ -288,12 +293,16 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
 }
 
 void ProcessGroup::all_gather_into(const at::Tensor& output, const at::Tensor& input) {
+  all_gather_into_async(output, input).wait();
+}
+
+PendingCollective ProcessGroup::all_gather_into_async(const at::Tensor& output, const at::Tensor& input) {
   if (!output.is_contiguous() || !input.is_contiguous() || output.numel() != input.numel() * impl_->size ||
       output.scalar_type() != input.scalar_type())
     throw Error("fulgur: all_gather_into: the output and input must be contiguous, of one dtype, the output world "
                 "size times the input's number of elements.");
   at::Tensor out = output, in = input;  // c10d takes them by non-const reference; no copy is made
-  impl_->wait(impl_->launch("all_gather", [&] { return impl_->backend->_allgather_base(out, in); }), "all_gather");
+  return start("all_gather", [&] { return impl_->backend->_allgather_base(out, in); });
 }
 
 PendingCollective ProcessGroup::reduce_scatter_sum_async(const at::Tensor& output, const at::Tensor& input) {
@@ -302,12 +311,7 @@ PendingCollective ProcessGroup::reduce_scatter_sum_async(const at::Tensor& outpu
     throw Error("fulgur: reduce_scatter: the output and input must be contiguous, of one dtype, the input world "
                 "size times the output's number of elements.");
   at::Tensor out = output, in = input;
-  PendingCollective pending;
-  pending.impl_ = std::make_unique<PendingCollective::Impl>();
-  pending.impl_->op = "reduce_scatter(gradients)";
-  pending.impl_->group = impl_.get();
-  pending.impl_->work = impl_->launch(pending.impl_->op, [&] { return impl_->backend->_reduce_scatter_base(out, in); });
-  return pending;
+  return start("reduce_scatter(gradients)", [&] { return impl_->backend->_reduce_scatter_base(out, in); });
 }
 
 void ProcessGroup::barrier() {

@@ -84,6 +84,25 @@ class GroupSwap {
 };
 }  // namespace
 
+ShardLayout sharded_layout(const StateDict& state) {
+  ShardLayout layout;
+  if (state.contains("bucket_params") && state.at("bucket_params").isList()) {  // a generic list once read back
+    for (const c10::IValue& n : state.at("bucket_params").toListRef()) {
+      if (!n.isInt()) throw CheckpointError("fulgur: a sharded optimizer state's 'bucket_params' holds a " +
+                                            std::string(n.tagKind()) + "; the checkpoint is damaged.");
+      layout.bucket_params.push_back(n.toInt());
+    }
+    return layout;
+  }
+  if (!state.contains("bucket_bytes") || !state.contains("first_bucket_bytes"))
+    throw CheckpointError("fulgur: this optimizer state was written under ShardedStrategy by an earlier fulgur, "
+                          "which did not record its layout; resume it under ShardedStrategy on as many ranks, or "
+                          "load only the checkpoint's weights (checkpoint::module_weights).");
+  layout.first_bucket_bytes = static_cast<std::size_t>(state.at("first_bucket_bytes").toInt());
+  layout.bucket_bytes = static_cast<std::size_t>(state.at("bucket_bytes").toInt());
+  return layout;
+}
+
 std::vector<at::Tensor> sharded_archives(const StateDict& state, int only_rank) {
   const auto world = state.at("world_size").toInt();
   std::vector<at::Tensor> archives(static_cast<std::size_t>(world));

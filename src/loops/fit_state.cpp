@@ -190,7 +190,7 @@ StateDict FitState::checkpoint_state(bool weights_only) {
   c.insert("epoch", loop.at("epoch"));
   c.insert("global_step", progress_.global_step);
   c.insert("pytorch-lightning_version", std::string(checkpoint::lightning_layout_version));
-  c.insert("state_dict", checkpoint::module_state_dict(module_).to_ivalue());
+  c.insert("state_dict", module_state().to_ivalue());
   StateDict loops;
   loops.insert("fit_loop", loop.to_ivalue());
   c.insert("loops", loops.to_ivalue());

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Starts 2 ranks of `ddp_worker fault` by hand (the torchrun variables, no agent). Mode sigkill:
-# SIGKILLs rank 1 once it trains; mode exception: rank 1's training_step raises. Either way rank 0
-# must exit non-zero within 60 s with a DistributedError naming the operation and its rank.
+# Starts 2 ranks of `<worker> <scenario>` (default: ddp_worker fault) by hand (the torchrun
+# variables, no agent). Mode sigkill: SIGKILLs rank 1 once it trains; mode exception: rank 1's
+# training_step raises; mode self: rank 1 kills itself where the scenario says (sharded_worker
+# fault@3: inside a stage-3 forward, between two gathers). Either way rank 0 must exit non-zero
+# within 60 s with a DistributedError naming the operation, its rank and the lost rank.
 set -u
 worker=$1
 port=$2
 mode=${3:-sigkill}
+scenario=${4:-fault}
 log=$(mktemp -d)
 common=(MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 OMP_NUM_THREADS=1
         FULGUR_TEST_TIMEOUT_MS=20000 FULGUR_FAULT=$mode)
-env "${common[@]}" RANK=0 LOCAL_RANK=0 "$worker" fault >"$log/r0" 2>&1 &
+env "${common[@]}" RANK=0 LOCAL_RANK=0 "$worker" "$scenario" >"$log/r0" 2>&1 &
 r0=$!
-env "${common[@]}" RANK=1 LOCAL_RANK=1 "$worker" fault >"$log/r1" 2>&1 &
+env "${common[@]}" RANK=1 LOCAL_RANK=1 "$worker" "$scenario" >"$log/r1" 2>&1 &
 r1=$!
 if [ "$mode" = sigkill ]; then
   for _ in $(seq 1 300); do grep -q "training" "$log/r1" 2>/dev/null && break; sleep 0.1; done

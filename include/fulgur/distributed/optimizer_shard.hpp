@@ -21,11 +21,14 @@
 // Any torch::optim optimizer whose update is element by element (SGD, Adam, AdamW, Adagrad,
 // RMSprop) steps with the arithmetic of the unsharded step.
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -33,10 +36,13 @@
 
 namespace fulgur::distributed {
 
-/// Bucket sizes of the flat layout (DDPOptions' first_bucket_bytes and bucket_bytes).
+/// Where the flat layout's buckets end: after about bucket_bytes (DDPOptions' first_bucket_bytes and
+/// bucket_bytes), or — stage 3, whose buckets are the wrapped submodules — after the given numbers of
+/// parameters, bucket by bucket in layout order.
 struct ShardLayout {
   std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< a unit's first bucket: its reduction starts early
   std::size_t bucket_bytes = std::size_t{25} << 20;
+  std::vector<std::int64_t> bucket_params{};  ///< when not empty: the parameters in each bucket (bytes ignored)
 };
 
 /// Where each trainable parameter of an optimizer goes, for a world of N ranks (no tensors made).
@@ -61,7 +67,12 @@ struct ShardPlan {
   };
   std::vector<Group> groups;
 
-  static ShardPlan of(const torch::optim::Optimizer& optimizer, int world, ShardLayout layout);
+  /// `wrap_unit`, when given, cuts a bucket wherever the next parameter's wrapped submodule differs
+  /// (stage 3), whatever layout says; bucket_params() then describes that cut for a later plan.
+  static ShardPlan of(const torch::optim::Optimizer& optimizer, int world, const ShardLayout& layout,
+                      const std::function<std::int64_t(const at::Tensor&)>& wrap_unit = {});
+  /// The parameters in each bucket, in layout order (ShardLayout::bucket_params).
+  std::vector<std::int64_t> bucket_params() const;
 };
 
 class OptimizerShard {
@@ -75,16 +86,26 @@ class OptimizerShard {
     at::Tensor shard;              // this rank's chunk of `weights`: what the optimizer steps
     at::Tensor shard_grad, send;   // its gradient, and its copy for the all-gather (in per-unit buffers)
     std::int64_t numel = 0;        // padded
+    bool gathered = true;          // stage 3: `weights` holds every rank's chunk (else its storage is freed)
+    std::vector<std::uint32_t> versions;  // stage 3: each parameter's version counter when gathered
   };
 
   /// The optimizer must hold no state yet (LibTorch's Adagrad, which creates its state up front,
   /// is given a fresh one for the shards), and must not be LBFGS (its step needs every parameter).
-  OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& optimizer, ShardLayout layout = {});
+  /// shard_parameters (stage 3): each bucket gets storage of its own, freed at once and between
+  /// uses — the shard, stepped by the optimizer, is then a buffer apart, and the parameters are
+  /// whole only between gather(bucket) and release(bucket).
+  /// materialize_on (stage 3, a model built on the meta device): the buckets go to that device, and
+  /// a meta parameter takes its place in its bucket with no value yet (materialize_meta gives it one).
+  OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& optimizer, const ShardLayout& layout = {},
+                 bool shard_parameters = false, std::optional<c10::Device> materialize_on = std::nullopt);
   ~OptimizerShard();
   OptimizerShard(const OptimizerShard&) = delete;
   OptimizerShard& operator=(const OptimizerShard&) = delete;
 
   const torch::optim::Optimizer* optimizer() const { return optimizer_; }
+  /// The layout it was made with (recorded in its checkpoints).
+  const ShardLayout& layout() const { return layout_; }
 
   /// While alive, the optimizer's param groups hold the shards (and the group's frozen parameters,
   /// which it leaves alone as before).
@@ -103,8 +124,34 @@ class OptimizerShard {
   /// Stage 1: this rank's chunks of the module's (averaged, whole) gradients into the shards'
   /// gradients (a parameter without gradient contributes zeros).
   void copy_gradients();
-  /// Every rank's chunks into every rank's flat buffers: the module's weights.
+  /// Every rank's chunks into every rank's flat buffers: the module's weights (stage 3: into the
+  /// buckets not gathered yet).
   void gather_parameters();
+
+  /// Stage 3: whether the parameters are sharded at rest.
+  bool shards_parameters() const { return shard_parameters_; }
+  /// Stage 3: the bucket's storage allocated again and every rank's chunk all-gathered into it
+  /// (communicate false, after a failed collective: zeros, so that the op under way can finish
+  /// before the error is thrown).
+  void gather(Bucket& bucket, bool communicate = true);
+  /// Stage 3, ahead of use: every rank's chunk all-gathered into `landing` (made here, the bucket's
+  /// size), returning at once; adopt() then waits and hands landing's memory to the bucket.
+  PendingCollective gather_ahead(Bucket& bucket, at::Tensor& landing);
+  void adopt(Bucket& bucket, at::Tensor& landing, PendingCollective& pending);
+  /// Stage 3: the bucket's storage freed (its parameters keep their shapes; reading them before the
+  /// next gather is an error of LibTorch's, which the strategy's gatherer prevents). A parameter
+  /// written in place while whole (Embedding's max_norm, a hook) has this rank's chunk copied back
+  /// into the shard first, so that the write is kept.
+  void release(Bucket& bucket);
+  /// Stage 3, a bucket gathered and its parameters just initialised on every rank: rank 0's values
+  /// broadcast, this rank's chunk kept as its shard, the bucket released.
+  void keep_initialized(Bucket& bucket);
+  /// Stage 3, after a step: the parameters' version counters moved on, as an in-place step moves
+  /// them, so that autograd refuses a graph saved before the step.
+  void bump_versions();
+  /// Stage 3: each gathered bucket's chunk of the weights copied back into the shard (after weights
+  /// were loaded into the module).
+  void scatter_parameters();
 
   /// Every bucket, in unit order: what the stage-2 reducer fills.
   const std::vector<Bucket*>& buckets() const { return buckets_; }
@@ -127,6 +174,8 @@ class OptimizerShard {
   // Per param group: its shards, then its frozen parameters. A ShardView swaps each with the group's
   // own list (no allocation), and back.
   std::vector<std::vector<at::Tensor>> swapped_params_;
+  bool shard_parameters_ = false;
+  ShardLayout layout_;
 };
 
 }  // namespace fulgur::distributed

@@ -62,6 +62,8 @@ class ProcessGroup {
   /// Into `output` (contiguous, size() times input's numel, input's dtype): rank r's input lands in
   /// its r-th chunk. No tensor is returned, so a caller keeps one buffer across steps.
   void all_gather_into(const at::Tensor& output, const at::Tensor& input);
+  /// all_gather_into that returns at once: wait() on the result before reading `output`.
+  PendingCollective all_gather_into_async(const at::Tensor& output, const at::Tensor& input);
   /// Sums `input` (contiguous, size() times output's numel) over the ranks and leaves its r-th chunk
   /// in rank r's `output`; returns at once: wait() on the result.
   PendingCollective reduce_scatter_sum_async(const at::Tensor& output, const at::Tensor& input);
@@ -70,6 +72,9 @@ class ProcessGroup {
   struct Impl;  // opaque: c10d's types live in src/
 
  private:
+  /// A collective started by `launch` (which returns c10d's work), named `op` in its errors.
+  template <class Launch>
+  PendingCollective start(const char* op, Launch&& launch);  // defined and used in process_group.cpp only
   std::unique_ptr<Impl> impl_;
 };
 

@@ -33,6 +33,9 @@ inline constexpr const char* sharded_optimizer_format = "fulgur-sharded-optimize
 /// The archives of a sharded optimizer state, one per rank that wrote it; with `only_rank` >= 0,
 /// only that rank's is read (the others are left undefined).
 std::vector<at::Tensor> sharded_archives(const StateDict& state, int only_rank = -1);
+/// The layout a sharded optimizer state was written with: its "bucket_params" (stage 3, buckets
+/// cut at the wrapped submodules) or its "bucket_bytes" and "first_bucket_bytes".
+ShardLayout sharded_layout(const StateDict& state);
 /// Makes the "files" of every sharded optimizer state in a loaded checkpoint paths from `folder`.
 void resolve_shard_files(StateDict& checkpoint, const std::string& folder);
 

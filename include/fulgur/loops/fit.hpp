@@ -106,7 +106,10 @@ class FitLoop final : public FitState {
         hook_(hooks::on_train_start);
         run_epochs();
         stop_if_finished_run_interrupted();  // a Ctrl-C in the last validation is not lost
+        strategy_on_train_end();
         hook_(hooks::on_train_end);
+      } else {
+        strategy_on_train_end();
       }
       hook_(hooks::on_fit_end);
       hook_(hooks::teardown, Stage::fit);
@@ -122,6 +125,12 @@ class FitLoop final : public FitState {
     return finish();
   }
 
+  /// Lightning's Strategy.on_train_end, before the hooks of the same name: a strategy that keeps the
+  /// module in its own form (stage 3's sharded weights) hands it back whole.
+  void strategy_on_train_end() {
+    if constexpr (requires { fabric_.strategy().on_train_end(); }) fabric_.strategy().on_train_end();
+  }
+
   // ---- checkpoints -------------------------------------------------------------------------------
   void request_save(const std::string& path, bool weights_only) override { checkpoints_.save(path, weights_only); }
   void request_removal(const std::string& path) override { checkpoints_.remove(path); }
@@ -134,6 +143,7 @@ class FitLoop final : public FitState {
   std::string broadcast_text(const std::string& text) override { return fabric_.broadcast(text); }
   at::Tensor all_gather(const at::Tensor& tensor) override { return fabric_.all_gather(tensor.to(fabric_.device())); }
   bool any_rank(bool decision) override { return fabric_.reduce_boolean_decision(decision, /*all=*/false); }
+  StateDict module_state() override { return fabric_.module_state(hook_.module()); }
   StateDict optimizer_state(torch::optim::Optimizer& optimizer) override { return fabric_.optimizer_state(optimizer); }
   void load_optimizer_state(torch::optim::Optimizer& optimizer, const StateDict& state) override {
     fabric_.load_optimizer_state(optimizer, state);

@@ -59,6 +59,7 @@ class FitState : public detail::FitCheckpointing {
   virtual at::Tensor all_gather(const at::Tensor& tensor) = 0;
   /// Whether any rank decided so (world_size > 1 only).
   virtual bool any_rank(bool decision) = 0;
+  virtual StateDict module_state() = 0;
   virtual StateDict optimizer_state(torch::optim::Optimizer& optimizer) = 0;
   virtual void load_optimizer_state(torch::optim::Optimizer& optimizer, const StateDict& state) = 0;
   /// Strict: every weight of the module.

@@ -230,10 +230,11 @@ class BasicDDPStrategy
       const void* impl = item.value().unsafeGetTensorImpl();
       if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
       seen.push_back(impl);
-      group().broadcast(item.value().detach(), 0);
+      if (!item.value().is_meta()) group().broadcast(item.value().detach(), 0);  // meta: when materialised
       named.emplace_back(item.key(), item.value());
     }
-    for (const auto& item : module.named_buffers()) group().broadcast(item.value(), 0);
+    for (const auto& item : module.named_buffers())
+      if (!item.value().is_meta()) group().broadcast(item.value(), 0);
     return named;
   }
 

@@ -10,8 +10,14 @@
 //   reduce-scatters them bucket by bucket and frees the module's (distributed/sharded_reducer.hpp),
 //   so a rank holds 1/N of them; the loss scaler's inf check and the clipping norm are reduced
 //   across the ranks. The module's parameters have no .grad after backward.
-//   Stage 3 (parameters sharded too, "fsdp") is not there yet.
-// Processes, devices, options (DDPOptions) and every collective are DDPStrategy's.
+//   ShardedStrategy<3> ("fsdp"): the parameters are sharded too. Each unit a WrapPolicy picks
+//   (distributed/wrap_policy.hpp: submodules by type or by size, as FSDP's auto-wrap) is a bucket
+//   of its own storage, freed at rest; a rank keeps 1/N of the weights, gradients and optimizer
+//   state. A unit is gathered when an op first reads one of its parameters, forward or backward
+//   (distributed/parameter_gatherer.hpp), and released when the next unit is gathered; gradients
+//   go as stage 2's. The module's state_dict is gathered whole for a checkpoint; the module is whole
+//   again after fit.
+// Processes, devices, options (DDPOptions; stage 3: FSDPOptions) and every collective are DDPStrategy's.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -20,6 +26,9 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <span>
+#include <unordered_set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,8 +39,11 @@
 #include "fulgur/compatibility.hpp"
 #include "fulgur/distributed/no_sync.hpp"
 #include "fulgur/distributed/optimizer_shard.hpp"
+#include "fulgur/distributed/parameter_gatherer.hpp"
+#include "fulgur/distributed/meta_init.hpp"
 #include "fulgur/distributed/shard_state.hpp"
 #include "fulgur/distributed/sharded_reducer.hpp"
+#include "fulgur/distributed/wrap_policy.hpp"
 #include "fulgur/precision/grad_scaler.hpp"
 #include "fulgur/strategies/clipping.hpp"
 #include "fulgur/errors.hpp"
@@ -40,28 +52,88 @@
 
 namespace fulgur {
 
+using distributed::WrapPolicy;
+
+/// ShardedStrategy<3>'s options: its buckets are the wrapped units, so it has no bucket sizes.
+struct FSDPOptions {
+  WrapPolicy auto_wrap{};  ///< which submodules are gathered as one unit (none: the whole module is one)
+  /// A model built in init_module(/*empty_init=*/true) is on the meta device until set-up, where each
+  /// module's own parameters and buffers are initialised by this, in registration order (the
+  /// built-in modules' reset_parameters() by default; wrap it to add your own types).
+  distributed::ParameterInit param_init = distributed::reset_builtin_parameters;
+  bool find_unused_parameters = false;
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< every collective and the rendezvous
+  operator DDPOptions() const {
+    DDPOptions o;
+    o.find_unused_parameters = find_unused_parameters;
+    o.timeout = timeout;
+    return o;
+  }
+};
+
 template <int Stage, class Backend = backend::Auto>
 class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, Backend>> {
   using Base = BasicDDPStrategy<Backend, ShardedStrategy<Stage, Backend>>;
 
  public:
-  static constexpr std::string_view name = Stage == 1 ? "deepspeed_stage_1" : "deepspeed_stage_2";
+  static constexpr std::string_view name = Stage == 1   ? "deepspeed_stage_1"
+                                           : Stage == 2 ? "deepspeed_stage_2"
+                                                        : "fsdp";
+  using options_type = std::conditional_t<Stage == 3, FSDPOptions, DDPOptions>;
   // Not explicit, as DDPStrategy's. The stage is checked here rather than in the class body, so
   // that asking for another one is this one error (the class stays a well-formed type).
-  ShardedStrategy(DDPOptions options = {}) : Base(options) {
-    static_assert(Stage == 1 || Stage == 2,
-                  "fulgur: ShardedStrategy<3> (parameters sharded too) is not implemented yet; use "
-                  "ShardedStrategy<1> (optimizer state sharded), ShardedStrategy<2> (and gradients) or DDPStrategy.");
+  ShardedStrategy(options_type options = {}) : Base(static_cast<DDPOptions>(options)) {
+    static_assert(Stage >= 1 && Stage <= 3,
+                  "fulgur: ShardedStrategy<Stage>: the stages are 1 (optimizer state sharded), 2 (and gradients) "
+                  "and 3 (and parameters).");
+    if constexpr (Stage == 3) {
+      auto_wrap_ = options.auto_wrap;
+      param_init_ = options.param_init;
+    }
+  }
+
+  /// Stage 3 with empty_init: modules created in this context are on the meta device (shapes, no
+  /// memory), and set-up gives them memory a unit at a time, already sharded (meta_init.hpp) — a
+  /// model too big for one rank. Otherwise, and for stages 1 and 2, DDP's context (the root device).
+  template <class Precision>
+  auto module_init_context(Precision& precision, bool empty_init) {
+    const c10::Device device = this->root_device();
+    const bool meta = Stage == 3 && empty_init;
+    return InitContext<decltype(precision.module_init_context())>{
+        c10::OptionalDeviceGuard(device), DefaultDeviceGuard(meta ? c10::Device(c10::kMeta) : device),
+        precision.module_init_context()};
+  }
+  /// Stage 3: tensors on the meta device stay there until setup_optimizer materialises them.
+  void module_to_device(torch::nn::Module& module) {
+    if constexpr (Stage == 3) {
+      if (!distributed::first_meta_tensor(module).empty()) {
+        at::NoGradGuard no_grad;
+        const c10::Device device = this->root_device();
+        for (auto& t : module.parameters())
+          if (t.defined() && !t.is_meta() && t.device() != device) t.set_data(t.to(device));
+        for (auto& t : module.buffers())
+          if (t.defined() && !t.is_meta() && t.device() != device) t.set_data(t.to(device));
+        return;
+      }
+    }
+    Base::module_to_device(module);
   }
 
   /// A module set up again starts afresh: its optimizers are set up after it.
   void setup_module(torch::nn::Module& module) {
-    reducer_.reset();  // first: its destructor removes its hooks
+    if (gatherer_) gatherer_->gather_all();  // stage 3, set up again: the weights whole before they are laid out anew
+    gatherer_.reset();  // first: their destructors remove their callback and hooks
+    reducer_.reset();
     shards_.clear();
     if constexpr (Stage == 1) {
       Base::setup_module(module);
     } else {
-      named_parameters_ = this->broadcast_module(module);
+      named_parameters_ = this->broadcast_module(module);  // meta tensors: broadcast when materialised
+      if constexpr (Stage == 3) {
+        units_ = distributed::wrap_units(module, auto_wrap_);
+        module_ = &module;
+        meta_pending_ = distributed::meta_tensors(module);
+      }
     }
   }
   /// Lays the optimizer's parameters out in shards (it must hold no state yet).
@@ -78,8 +150,33 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
                                             "optimizer too; each parameter may belong to one optimizer only.");
     reducer_.reset();  // stage 2: laid out again over every optimizer at the next backward
     const DDPOptions& o = this->options();
-    shards_.push_back(std::make_unique<distributed::OptimizerShard>(
-        this->group(), optimizer, distributed::ShardLayout{o.first_bucket_bytes, o.bucket_bytes}));
+    distributed::ShardLayout layout{o.first_bucket_bytes, o.bucket_bytes};
+    if constexpr (Stage == 3) {  // a bucket per wrapped unit (per param group, dtype and device)
+      layout.bucket_params = distributed::ShardPlan::of(optimizer, this->world_size(), layout, [this](const at::Tensor& p) {
+                               return units_.of(p.unsafeGetTensorImpl());
+                             }).bucket_params();
+    }
+    // made first: if it refuses the optimizer, the shards and gatherer set up so far are untouched
+    auto made = std::make_unique<distributed::OptimizerShard>(
+        this->group(), optimizer, layout, /*shard_parameters=*/Stage == 3,
+        Stage == 3 ? std::optional<c10::Device>(this->root_device()) : std::nullopt);
+    if constexpr (Stage == 3) gatherer_.reset();
+    shards_.push_back(std::move(made));
+    if constexpr (Stage == 3) {
+      materialize();  // a meta-built model: every tensor given memory (this optimizer's sharded) and a value
+      rebuild_gatherer();
+    }
+  }
+
+  /// Stage 3: a meta-built module set up without an optimizer gets whole memory here.
+  void setup_module_and_optimizers(torch::nn::Module& module, std::span<torch::optim::Optimizer* const> optimizers) {
+    Base::setup_module_and_optimizers(module, optimizers);
+    if constexpr (Stage == 3)
+      if (!meta_pending_.empty()) {
+        gatherer_.reset();  // its observer must not see the initialisation's ops; made again below
+        materialize();
+        if (!shards_.empty()) rebuild_gatherer();
+      }
   }
 
   /// Stage 2: backward with each bucket's gradients reduce-scattered into the shards as soon as
@@ -89,6 +186,8 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
     if constexpr (Stage == 1) {
       Base::backward(loss, module, precision);
     } else {
+      if constexpr (Stage == 3)
+        if (gatherer_) gatherer_->rethrow_failure();  // a gather in forward failed: the loss is not real
       precision.pre_backward(loss, module);
       auto& reducer = sharded_reducer();
       reducer.prepare_for_backward();
@@ -99,6 +198,10 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
         throw;
       }
       reducer.finalize_backward();
+      if constexpr (Stage == 3) {
+        gatherer_->release_all();  // the root unit and the last one used
+        gatherer_->rethrow_failure();
+      }
       precision.post_backward(loss, module);
     }
   }
@@ -111,7 +214,7 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
   /// Stage 2: each rank unscales its shard of the gradients; the inf/NaN flags are then summed
   /// over the ranks, so that all skip alike. (Stage 1 unscales the whole gradients, as DDP.)
   template <class Precision>
-    requires(Stage == 2)
+    requires(Stage >= 2)
   void unscale_gradients(torch::optim::Optimizer& optimizer, Precision& precision) {
     if constexpr (detail::uses_scaler<Precision>()) {
       auto& scaler = precision.scaler();
@@ -155,6 +258,8 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
   /// ranks' inf flags), then gathers every rank's.
   template <class Precision>
   bool optimizer_step(torch::optim::Optimizer& optimizer, Precision& precision) {
+    if constexpr (Stage == 3)
+      if (gatherer_) gatherer_->rethrow_failure();  // nothing is stepped after a failed gather
     distributed::OptimizerShard& shard = shard_of(optimizer);
     if constexpr (Stage == 1) {
       precision.unscale_gradients(optimizer);
@@ -167,8 +272,13 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
       auto view = shard.with_shards();
       stepped = precision.optimizer_step(optimizer);
     }
-    if (stepped) shard.gather_parameters();
-    if constexpr (Stage == 2)
+    if constexpr (Stage == 3) {
+      gatherer_->release_all();  // whole copies of the old weights: gathered anew on use
+      if (stepped) shard.bump_versions();
+    } else if (stepped) {
+      shard.gather_parameters();
+    }
+    if constexpr (Stage >= 2)
       if (reducer_) reducer_->gradients_consumed(shard);
     return stepped;
   }
@@ -184,10 +294,57 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
     StateDict out;
     out.insert("format", std::string(distributed::sharded_optimizer_format));
     out.insert("world_size", static_cast<std::int64_t>(this->world_size()));
-    out.insert("bucket_bytes", static_cast<std::int64_t>(this->options().bucket_bytes));
-    out.insert("first_bucket_bytes", static_cast<std::int64_t>(this->options().first_bucket_bytes));
+    const distributed::ShardLayout& layout = shard_of(optimizer).layout();
+    if (layout.bucket_params.empty()) {
+      out.insert("bucket_bytes", static_cast<std::int64_t>(layout.bucket_bytes));
+      out.insert("first_bucket_bytes", static_cast<std::int64_t>(layout.first_bucket_bytes));
+    } else {
+      out.insert("bucket_params", c10::List<std::int64_t>(layout.bucket_params));
+    }
     out.insert("shard", mine.at("archive"));
     return out;
+  }
+
+  /// Stage 3: the module whole again at the end of fit (every unit gathered; they are released at
+  /// the next step, if another fit or a manual step follows).
+  void on_train_end() {
+    if constexpr (Stage == 3)
+      if (gatherer_) gatherer_->gather_all();
+  }
+
+  /// The module's state_dict; stage 3 copies it to the CPU tensor by tensor, each unit gathered as
+  /// its copy reads it and released when the next one is (a unit at a time on the device), then
+  /// releases what is left (unless every unit was whole: after fit).
+  StateDict get_module_state_dict(const torch::nn::Module& module) {
+    if constexpr (Stage == 3) {
+      if (gatherer_) {
+        const bool whole = gatherer_->all_gathered();
+        StateDict out;
+        {
+          at::NoGradGuard no_grad;
+          for (const auto& item : checkpoint::module_state_dict(module))
+            out.insert(item.key().toStringRef(), item.value().toTensor().detach().to(at::kCPU, /*non_blocking=*/false,
+                                                                                     /*copy=*/true));
+        }
+        gatherer_->rethrow_failure();
+        if (!whole) gatherer_->release_all();
+        return out;
+      }
+    }
+    return checkpoint::module_state_dict(module);
+  }
+  /// Stage 3: loaded into the gathered module, each rank's chunk then copied into its shards.
+  void load_module_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true) {
+    if constexpr (Stage == 3) {
+      if (gatherer_) {
+        gatherer_->gather_all();
+        checkpoint::load_module_state_dict(module, state, strict);
+        for (auto& shard : shards_) shard->scatter_parameters();  // each rank's chunk into its shards
+        gatherer_->release_all();
+        return;
+      }
+    }
+    checkpoint::load_module_state_dict(module, state, strict);
   }
 
   /// A sharded checkpoint: every rank writes its optimizer shards to `<path>.shards/<id>/rank<r>.pt`
@@ -225,8 +382,7 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
   /// number (resharded), or an unsharded state (a run on one device or under DDP: sharded here).
   void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state) {
     distributed::OptimizerShard& shard = shard_of(optimizer);
-    const DDPOptions& o = this->options();
-    const distributed::ShardLayout layout{o.first_bucket_bytes, o.bucket_bytes};
+    const distributed::ShardLayout& layout = shard.layout();
     const bool sharded = state.contains("format") && state.at("format").isString() &&
                          state.at("format").toStringRef() == distributed::sharded_optimizer_format;
     if (!sharded) {  // the whole state: loaded as it was written, then cut into this rank's shards
@@ -238,14 +394,15 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
       detail::check_optimizer_state_shapes(optimizer);
       return;
     }
-    for (const auto& [key, size] : {std::pair{"bucket_bytes", o.bucket_bytes}, std::pair{"first_bucket_bytes", o.first_bucket_bytes}}) {
-      const auto mine = static_cast<std::int64_t>(size);
-      if (!state.contains(key) || state.at(key).toInt() != mine)
-        throw CheckpointError(std::string("fulgur: ShardedStrategy: the optimizer state was sharded with DDPOptions::") +
-                              key + " = " + (state.contains(key) ? std::to_string(state.at(key).toInt()) : "?") +
-                              ", this run has " + std::to_string(mine) + "; resume with the same bucket sizes.");
-    }
-    if (state.at("world_size").toInt() != this->world_size()) {  // another world size: resharded
+    const distributed::ShardLayout saved = distributed::sharded_layout(state);
+    if (!same_layout(saved, layout)) {  // other buckets (sizes, or stage 3's units): through the whole state
+      {
+        distributed::ShardedOptimizerState(optimizer, distributed::sharded_archives(state), saved).load_whole(optimizer);
+      }
+      detail::check_optimizer_state_shapes(optimizer);
+      distributed::ShardedOptimizerState::from_whole(optimizer, layout)
+          .load_shards(optimizer, shard.shards(), this->world_size(), this->global_rank());
+    } else if (state.at("world_size").toInt() != this->world_size()) {  // another world size: resharded
       distributed::ShardedOptimizerState(optimizer, distributed::sharded_archives(state), layout)
           .load_shards(optimizer, shard.shards(), this->world_size(), this->global_rank());
     } else {  // this rank's file only
@@ -266,7 +423,17 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
   /// Stage 2's reducer (built at the first backward after the optimizers are set up), or null.
   const distributed::ShardedGradientReducer* sharded_gradient_reducer() const { return reducer_.get(); }
 
+  /// Stage 3's gatherer (made when an optimizer is set up), or null: its statistics.
+  const distributed::ParameterGatherer* parameter_gatherer() const { return gatherer_.get(); }
+  /// Stage 3: the submodules the wrap policy made units of.
+  const std::vector<std::string>& wrapped_units() const { return units_.names; }
+  /// Stage 3, a meta-built model: what its materialisation took (modules, most bytes whole at once).
+  const distributed::MaterializeStats& materialize_stats() const { return materialized_; }
+
+  /// No collective here (a peer may be gone, or still inside a step): after a normal fit stage 3's
+  /// module is whole already (on_train_end); after a failed one its weights stay sharded.
   void teardown() {
+    if constexpr (Stage == 3) gatherer_.reset();
     reducer_.reset();
     shards_.clear();
     Base::teardown();
@@ -310,6 +477,10 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
     return value;
   }
 
+  static bool same_layout(const distributed::ShardLayout& a, const distributed::ShardLayout& b) {
+    if (!a.bucket_params.empty() || !b.bucket_params.empty()) return a.bucket_params == b.bucket_params;
+    return a.bucket_bytes == b.bucket_bytes && a.first_bucket_bytes == b.first_bucket_bytes;
+  }
   distributed::OptimizerShard* find_shard(const torch::optim::Optimizer& optimizer) {
     for (auto& shard : shards_)
       if (shard->optimizer() == &optimizer) return shard.get();
@@ -321,10 +492,27 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
                                 "from configure_optimizers (or pass it to setup/setup_optimizers).");
   }
 
+  void rebuild_gatherer() {
+    std::vector<distributed::ParameterGatherer::Entry> entries;
+    for (auto& shard : shards_)
+      for (auto* bucket : shard->buckets())
+        entries.push_back({shard.get(), bucket, units_.of(bucket->slots.front().param.unsafeGetTensorImpl())});
+    gatherer_ = std::make_unique<distributed::ParameterGatherer>(std::move(entries));
+  }
+  /// Stage 3: the meta tensors left given memory and a value (none: nothing to do).
+  void materialize() {
+    if (meta_pending_.empty() || module_ == nullptr) return;
+    const auto stats = distributed::materialize_meta(*module_, this->root_device(), param_init_, shards_,
+                                                     this->group(), meta_pending_);
+    materialized_.modules += stats.modules;
+    materialized_.whole_bytes += stats.whole_bytes;
+    materialized_.peak_bytes = std::max(materialized_.peak_bytes, stats.peak_bytes);
+  }
+
   distributed::ShardedGradientReducer& sharded_reducer() {
     if (!reducer_) {
       if (shards_.empty())
-        throw MisconfigurationError("fulgur: ShardedStrategy<2>: backward before any optimizer was set up; the "
+        throw MisconfigurationError("fulgur: ShardedStrategy: backward before any optimizer was set up; the "
                                     "gradients are reduced into the optimizers' shards (return them from "
                                     "configure_optimizers, or pass them to setup).");
       std::vector<distributed::OptimizerShard*> shards;
@@ -336,8 +524,15 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
   }
 
   std::vector<std::unique_ptr<distributed::OptimizerShard>> shards_;
-  std::vector<std::pair<std::string, at::Tensor>> named_parameters_;  // stage 2: the module's, for errors
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters_;  // stages 2, 3: the module's, for errors
   std::unique_ptr<distributed::ShardedGradientReducer> reducer_;
+  WrapPolicy auto_wrap_{};              // stage 3
+  distributed::WrappedUnits units_;     // stage 3: of the module set up
+  distributed::ParameterInit param_init_;                   // stage 3: for a meta-built module
+  torch::nn::Module* module_ = nullptr;                     // stage 3: the module set up
+  std::unordered_set<const void*> meta_pending_;            // stage 3: its tensors still on the meta device
+  distributed::MaterializeStats materialized_;
+  std::unique_ptr<distributed::ParameterGatherer> gatherer_;  // stage 3; declared last: destroyed first
 };
 
 }  // namespace fulgur
