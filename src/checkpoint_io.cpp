@@ -1,6 +1,7 @@
 // Checkpoint files, module state and optimizer state.
 #include "fulgur/checkpoint/io.hpp"
 #include "fulgur/distributed/shard_state.hpp"
+#include "fulgur/distributed/sharded_module_state.hpp"
 #include "fulgur/detail/files.hpp"
 
 #include <dirent.h>
@@ -1491,6 +1492,39 @@ StateDict load(const std::string& path, const LoadOptions& options) {
   return state;
 }
 
+void consolidate(const std::string& sharded, const std::string& out) {
+  const StateDict checkpoint = load(sharded);  // the rank files' names made paths
+  std::function<c10::IValue(const c10::IValue&)> joined = [&](const c10::IValue& value) -> c10::IValue {
+    if (value.isGenericDict()) {
+      const StateDict dict(value.toGenericDict());
+      if (distributed::is_sharded_module_state(dict)) return distributed::consolidate_module_state(dict).to_ivalue();
+      const bool optimizer = dict.contains("format") && dict.at("format").isString() &&
+                             dict.at("format").toStringRef() == distributed::sharded_optimizer_format;
+      if (optimizer && dict.contains("files")) {
+        c10::impl::GenericList shards(c10::TensorType::get());
+        for (const auto& archive : distributed::sharded_archives(dict)) shards.push_back(archive);
+        StateDict inlined;
+        for (const auto& item : dict)
+          if (item.key().toStringRef() != "files" && item.key().toStringRef() != "slot") inlined.insert(item.key().toStringRef(), item.value());
+        inlined.insert("shards", shards);
+        return inlined.to_ivalue();
+      }
+      const auto generic = value.toGenericDict();
+      c10::impl::GenericDict copy(generic.keyType(), generic.valueType());
+      for (const auto& item : generic) copy.insert(item.key(), joined(item.value()));
+      return copy;
+    }
+    if (value.isList()) {
+      const auto list = value.toList();
+      c10::impl::GenericList copy(list.elementType());
+      for (std::size_t i = 0; i < list.size(); ++i) copy.push_back(joined(list.get(i)));
+      return copy;
+    }
+    return value;
+  };
+  save(out, StateDict(joined(checkpoint.to_ivalue()).toGenericDict()));
+}
+
 StateDict module_state_dict(const torch::nn::Module& module) {
   StateDict out;
   collect_module_state(module, "", out);
@@ -1548,6 +1582,8 @@ std::string quoted_list_of(const std::vector<std::string>& keys) {
 }  // namespace
 
 void load_module_state_dict(torch::nn::Module& module, const StateDict& state, bool strict) {
+  if (distributed::is_sharded_module_state(state))  // stage 3's weights: every rank's chunks joined
+    return load_module_state_dict(module, distributed::consolidate_module_state(state), strict);
   const StateDict own = module_state_dict(module);
   std::vector<std::string> missing, unexpected, mismatched, own_keys, state_keys;
   for (const auto& item : own) {

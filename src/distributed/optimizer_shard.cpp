@@ -344,8 +344,7 @@ void OptimizerShard::adopt(Bucket& bucket, at::Tensor& landing, PendingCollectiv
   record_versions(bucket);
 }
 
-void OptimizerShard::release(Bucket& bucket) {
-  if (!bucket.gathered) return;
+bool OptimizerShard::keep_written(Bucket& bucket) {
   bool written = false;
   for (std::size_t i = 0; i < bucket.slots.size() && i < bucket.versions.size(); ++i)
     written = written || bucket.slots[i].param._version() != bucket.versions[i];
@@ -354,6 +353,17 @@ void OptimizerShard::release(Bucket& bucket) {
     const std::int64_t chunk = bucket.shard.numel();
     bucket.shard.copy_(bucket.weights.narrow(0, group_.rank() * chunk, chunk));
   }
+  return written;
+}
+
+void OptimizerShard::keep_writes() {
+  for (Bucket* b : buckets_)
+    if (b->gathered && keep_written(*b)) record_versions(*b);
+}
+
+void OptimizerShard::release(Bucket& bucket) {
+  if (!bucket.gathered) return;
+  keep_written(bucket);
   free_storage(bucket.weights);
   bucket.gathered = false;
 }

@@ -103,6 +103,25 @@ ShardLayout sharded_layout(const StateDict& state) {
   return layout;
 }
 
+c10::IValue rank_file_entry(const std::string& file, std::int64_t rank, std::size_t slot, const std::string& what) {
+  if (!fulgur::detail::path_exists(file))
+    throw CheckpointError("fulgur: rank " + std::to_string(rank) + "'s " + what + " shard file '" + file +
+                          "' is missing: a sharded checkpoint is its file and the '.shards' folder beside it; "
+                          "copy or move them together.");
+  const StateDict part = checkpoint::load(file);
+  const bool known = part.contains("format") && part.at("format").isString() &&
+                     (part.at("format").toStringRef() == rank_file_format ||
+                      part.at("format").toStringRef() == "fulgur-optimizer-shards");  // written before module shards
+  if (!known || !part.contains("rank") || part.at("rank").toInt() != rank || !part.contains("shards"))
+    throw CheckpointError("fulgur: '" + file + "' is not rank " + std::to_string(rank) +
+                          "'s shard file; keep a sharded checkpoint's .shards folder beside it, as written.");
+  const auto shards = part.at("shards").toList();
+  if (slot >= shards.size())
+    throw CheckpointError("fulgur: '" + file + "' holds " + std::to_string(shards.size()) + " shard(s), the manifest "
+                          "names slot " + std::to_string(slot) + "; the file is not the one this checkpoint wrote.");
+  return shards.get(slot);
+}
+
 std::vector<at::Tensor> sharded_archives(const StateDict& state, int only_rank) {
   const auto world = state.at("world_size").toInt();
   std::vector<at::Tensor> archives(static_cast<std::size_t>(world));
@@ -117,17 +136,8 @@ std::vector<at::Tensor> sharded_archives(const StateDict& state, int only_rank) 
                             std::to_string(world) + " ranks.");
     for (std::int64_t r = 0; r < world; ++r) {
       if (only_rank >= 0 && r != only_rank) continue;
-      const std::string file = files.get(static_cast<std::size_t>(r)).toStringRef();
-      if (!fulgur::detail::path_exists(file))
-        throw CheckpointError("fulgur: rank " + std::to_string(r) + "'s optimizer shard file '" + file +
-                              "' is missing: a sharded checkpoint is its file and the '.shards' folder beside it; "
-                              "copy or move them together.");
-      const StateDict part = checkpoint::load(file);
-      if (!part.contains("format") || part.at("format").toStringRef() != "fulgur-optimizer-shards" ||
-          part.at("rank").toInt() != r)
-        throw CheckpointError("fulgur: '" + file + "' is not rank " + std::to_string(r) +
-                              "'s optimizer shard file; keep a sharded checkpoint's .shards folder beside it, as written.");
-      archives[static_cast<std::size_t>(r)] = part.at("shards").toList().get(slot).toTensor();
+      archives[static_cast<std::size_t>(r)] =
+          rank_file_entry(files.get(static_cast<std::size_t>(r)).toStringRef(), r, slot, "optimizer").toTensor();
     }
   } else if (state.contains("shard")) {
     if (world != 1 && only_rank < 0)
@@ -146,7 +156,8 @@ void resolve_shard_files(StateDict& checkpoint, const std::string& folder) {
     if (value.isGenericDict()) {
       auto dict = value.toGenericDict();
       auto format = dict.find(c10::IValue("format"));
-      if (format != dict.end() && format->value().isString() && format->value().toStringRef() == sharded_optimizer_format &&
+      if (format != dict.end() && format->value().isString() && (format->value().toStringRef() == sharded_optimizer_format ||
+                                                       format->value().toStringRef() == sharded_module_format) &&
           dict.contains(c10::IValue("files"))) {
         auto files = dict.at(c10::IValue("files")).toList();
         for (std::size_t i = 0; i < files.size(); ++i) {

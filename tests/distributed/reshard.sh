@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sharded optimizer states on another world size: each phase of `sharded_worker` writes on 2 and on
-# 3 ranks (DDP, stage 1, stage 2), then reads them on 3 and 2 ranks (resharded) and on one process
+# 3 ranks (DDP, stages 1, 2 and 3 — stage 3 with its weights sharded too), then reads them on 3 and 2 ranks (resharded) and on one process
 # (consolidated). Prints "RESHARD OK" when every phase passed.
 set -u
 torchrun=$1

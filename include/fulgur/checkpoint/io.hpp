@@ -50,6 +50,12 @@ void save(const std::string& path, const StateDict& state);
 /// needs {.python_objects = PythonObjects::as_dicts}; its weights: module_weights in state.hpp).
 StateDict load(const std::string& path, const LoadOptions& options = {});
 
+/// A sharded checkpoint (ShardedStrategy's manifest and its .shards folder) as one self-contained
+/// file at `out`, written atomically: stage 3's weights joined whole (so Python's torch.load reads
+/// them as tensors), every rank's optimizer shards inlined. Any run loads it as it loads the
+/// manifest (resharded or consolidated for its world size); `sharded` is left as it was.
+void consolidate(const std::string& sharded, const std::string& out);
+
 /// The bytes of a StateDict as torch::pickle_save writes them, and back.
 std::vector<char> to_bytes(const StateDict& state);
 StateDict from_bytes(const std::vector<char>& bytes, const std::string& what = "bytes", const LoadOptions& options = {});

@@ -143,6 +143,9 @@ class OptimizerShard {
   /// written in place while whole (Embedding's max_norm, a hook) has this rank's chunk copied back
   /// into the shard first, so that the write is kept.
   void release(Bucket& bucket);
+  /// Stage 3: for each gathered bucket whose parameters were written in place while whole, this
+  /// rank's chunk copied back into its shard (the bucket stays gathered).
+  void keep_writes();
   /// Stage 3, a bucket gathered and its parameters just initialised on every rank: rank 0's values
   /// broadcast, this rank's chunk kept as its shard, the bucket released.
   void keep_initialized(Bucket& bucket);
@@ -166,6 +169,7 @@ class OptimizerShard {
 
  private:
   struct Unit;
+  bool keep_written(Bucket& bucket);  // this rank's chunk back into the shard if written while whole
   ProcessGroup& group_;
   torch::optim::Optimizer* optimizer_;
   std::vector<std::unique_ptr<Unit>> units_;

@@ -30,13 +30,22 @@ namespace fulgur::distributed {
 ///   "shards": every rank's archive (checkpoints of earlier versions).
 inline constexpr const char* sharded_optimizer_format = "fulgur-sharded-optimizer";
 
+/// The name of stage 3's sharded module state's format (distributed/sharded_module_state.hpp).
+inline constexpr const char* sharded_module_format = "fulgur-sharded-module";
+/// A sharded checkpoint's per-rank file: {"format", "rank", "world_size", "shards": [one entry per
+/// sharded state of the checkpoint, at the "slot" the manifest names]}.
+inline constexpr const char* rank_file_format = "fulgur-rank-shards";
+
+/// Entry `slot` of rank `rank`'s file, checked to be that rank's; `what` names the state in errors.
+c10::IValue rank_file_entry(const std::string& file, std::int64_t rank, std::size_t slot, const std::string& what);
+
 /// The archives of a sharded optimizer state, one per rank that wrote it; with `only_rank` >= 0,
 /// only that rank's is read (the others are left undefined).
 std::vector<at::Tensor> sharded_archives(const StateDict& state, int only_rank = -1);
 /// The layout a sharded optimizer state was written with: its "bucket_params" (stage 3, buckets
 /// cut at the wrapped submodules) or its "bucket_bytes" and "first_bucket_bytes".
 ShardLayout sharded_layout(const StateDict& state);
-/// Makes the "files" of every sharded optimizer state in a loaded checkpoint paths from `folder`.
+/// Makes the "files" of every sharded state (optimizer or module) in a loaded checkpoint paths from `folder`.
 void resolve_shard_files(StateDict& checkpoint, const std::string& folder);
 
 class ShardedOptimizerState {

@@ -28,6 +28,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <unordered_set>
 #include <string>
 #include <string_view>
@@ -42,6 +43,7 @@
 #include "fulgur/distributed/parameter_gatherer.hpp"
 #include "fulgur/distributed/meta_init.hpp"
 #include "fulgur/distributed/shard_state.hpp"
+#include "fulgur/distributed/sharded_module_state.hpp"
 #include "fulgur/distributed/sharded_reducer.hpp"
 #include "fulgur/distributed/wrap_policy.hpp"
 #include "fulgur/precision/grad_scaler.hpp"
@@ -55,8 +57,17 @@ namespace fulgur {
 using distributed::WrapPolicy;
 
 /// ShardedStrategy<3>'s options: its buckets are the wrapped units, so it has no bucket sizes.
+/// How stage 3 puts the module's weights in a checkpoint (Lightning's FSDPStrategy state_dict_type).
+enum class StateDictType {
+  sharded,  ///< each rank writes the chunks it keeps, in parallel, nothing gathered (the default)
+  full,     ///< whole tensors in the manifest, gathered a unit at a time (each rank holds them in host memory)
+};
+
 struct FSDPOptions {
   WrapPolicy auto_wrap{};  ///< which submodules are gathered as one unit (none: the whole module is one)
+  /// Sharded: a checkpoint's weights are per-rank files beside the manifest, as its optimizer states
+  /// are; any run reads them (checkpoint::consolidate makes one self-contained file of them).
+  StateDictType state_dict_type = StateDictType::sharded;
   /// A model built in init_module(/*empty_init=*/true) is on the meta device until set-up, where each
   /// module's own parameters and buffers are initialised by this, in registration order (the
   /// built-in modules' reset_parameters() by default; wrap it to add your own types).
@@ -89,6 +100,7 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
     if constexpr (Stage == 3) {
       auto_wrap_ = options.auto_wrap;
       param_init_ = options.param_init;
+      state_dict_type_ = options.state_dict_type;
     }
   }
 
@@ -312,19 +324,25 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
       if (gatherer_) gatherer_->gather_all();
   }
 
-  /// The module's state_dict; stage 3 copies it to the CPU tensor by tensor, each unit gathered as
-  /// its copy reads it and released when the next one is (a unit at a time on the device), then
-  /// releases what is left (unless every unit was whole: after fit).
+  /// The module's state_dict. Stage 3, sharded (the default): this rank's chunks of the weights
+  /// and where each weight lies (distributed/sharded_module_state.hpp) — nothing gathered, each
+  /// rank's chunks go to its own file when saved. Stage 3, full: copied to the CPU tensor by tensor,
+  /// each unit gathered as its copy reads it and released when the next one is (a unit at a time on
+  /// the device), then what is left released (unless every unit was whole: after fit).
   StateDict get_module_state_dict(const torch::nn::Module& module) {
     if constexpr (Stage == 3) {
       if (gatherer_) {
+        gatherer_->rethrow_failure();
+        if (state_dict_type_ == StateDictType::sharded) {
+          for (auto& shard : shards_) shard->keep_writes();  // a weight written in place while whole
+          return distributed::sharded_module_state(module, shards_, this->world_size());
+        }
         const bool whole = gatherer_->all_gathered();
         StateDict out;
         {
           at::NoGradGuard no_grad;
-          for (const auto& item : checkpoint::module_state_dict(module))
-            out.insert(item.key().toStringRef(), item.value().toTensor().detach().to(at::kCPU, /*non_blocking=*/false,
-                                                                                     /*copy=*/true));
+          for (const auto& [key, t] : distributed::state_tensors(module))  // one op per tensor: each unit gathered once
+            out.insert(key, t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).detach());
         }
         gatherer_->rethrow_failure();
         if (!whole) gatherer_->release_all();
@@ -333,12 +351,26 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
     }
     return checkpoint::module_state_dict(module);
   }
-  /// Stage 3: loaded into the gathered module, each rank's chunk then copied into its shards.
+  /// Stage 3: a sharded state laid out as this run's loads each rank's chunks straight into its
+  /// shards (its own file only, nothing gathered); any other state — whole, or sharded on another
+  /// world size or other units (joined first) — is loaded into the gathered module, each rank's
+  /// chunk then copied into its shards. Other stages and strategies join a sharded state whole.
   void load_module_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true) {
     if constexpr (Stage == 3) {
       if (gatherer_) {
+        gatherer_->rethrow_failure();
+        const bool sharded = distributed::is_sharded_module_state(state);
+        if (sharded) {
+          gatherer_->release_all();
+          if (distributed::same_module_layout(
+                  state, distributed::sharded_module_state(module, shards_, this->world_size(), /*with_shard=*/false))) {
+            load_own_chunks(module, state);
+            return;
+          }
+        }
+        const StateDict whole = sharded ? distributed::consolidate_module_state(state) : state;
         gatherer_->gather_all();
-        checkpoint::load_module_state_dict(module, state, strict);
+        checkpoint::load_module_state_dict(module, whole, strict);
         for (auto& shard : shards_) shard->scatter_parameters();  // each rank's chunk into its shards
         gatherer_->release_all();
         return;
@@ -356,14 +388,14 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
     const std::string id = this->broadcast(this->global_rank() == 0 ? checkpoint_id() : std::string(), 0);
     const std::string name = path.substr(path.find_last_of('/') + 1), folder = detail::parent_folder(path);
     const std::string shards_folder = name + ".shards/" + id;
-    c10::impl::GenericList mine(c10::TensorType::get());
+    c10::impl::GenericList mine(c10::AnyType::get());
     c10::impl::GenericList files(c10::StringType::get());
     for (int r = 0; r < this->world_size(); ++r) files.push_back(shards_folder + "/rank" + std::to_string(r) + ".pt");
     c10::IValue manifest = manifest_of(state.to_ivalue(), mine, files);
     if (!mine.empty()) {
       detail::make_directories(folder + "/" + shards_folder);
       StateDict part;
-      part.insert("format", std::string("fulgur-optimizer-shards"));
+      part.insert("format", std::string(distributed::rank_file_format));
       part.insert("rank", static_cast<std::int64_t>(this->global_rank()));
       part.insert("world_size", static_cast<std::int64_t>(this->world_size()));
       part.insert("shards", mine);
@@ -446,6 +478,37 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
     return std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(now).count()) + "-" +
            std::to_string(::getpid());
   }
+  /// Stage 3: this rank's chunks (its file, or the state in memory) into its shards, the whole
+  /// tensors into the module; the layouts were compared first.
+  void load_own_chunks(torch::nn::Module& module, const StateDict& state) {
+    const std::vector<at::Tensor> chunks = distributed::sharded_module_chunks(state, this->global_rank(), /*own_rank=*/true);
+    at::NoGradGuard no_grad;
+    std::size_t i = 0;
+    for (auto& shard : shards_)
+      for (auto* bucket : shard->buckets()) {
+        if (i >= chunks.size() || chunks[i].numel() != bucket->shard.numel())
+          throw CheckpointError("fulgur: ShardedStrategy: rank " + std::to_string(this->global_rank()) + "'s weights "
+                                "file does not hold the chunks its manifest describes (bucket " + std::to_string(i) +
+                                "); the .shards folder is not the one this checkpoint wrote.");
+        bucket->shard.copy_(chunks[i++].reshape(bucket->shard.sizes()));
+      }
+    std::unordered_map<std::string, at::Tensor> tensors;
+    for (const auto& item : module.named_parameters()) tensors.emplace(item.key(), item.value());
+    for (const auto& item : module.named_buffers()) tensors.emplace(item.key(), item.value());
+    for (const auto& item : state.at("whole").toGenericDict()) {
+      const std::string& key = item.key().toStringRef();
+      const at::Tensor value = item.value().toTensor();
+      const auto found = tensors.find(key);
+      if (found == tensors.end() || found->second.sizes() != value.sizes())
+        throw CheckpointError("fulgur: the state_dict does not fit the module: '" + key + "' " +
+                              (found == tensors.end() ? std::string("is not the module's")
+                                                      : "has shape " + c10::str(value.sizes()) + ", the module's " +
+                                                            c10::str(found->second.sizes())) + ".");
+      found->second.copy_(value);
+    }
+    for (auto& shard : shards_) shard->bump_versions();  // a graph saved before the load is refused
+  }
+
   /// `value` with each sharded optimizer state's "shard" moved into `mine` and replaced by the
   /// files of every rank and its slot in them.
   static c10::IValue manifest_of(const c10::IValue& value, c10::impl::GenericList& mine,
@@ -454,7 +517,8 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
       const auto dict = value.toGenericDict();
       const auto format = dict.find(c10::IValue("format"));
       const bool sharded = format != dict.end() && format->value().isString() &&
-                           format->value().toStringRef() == distributed::sharded_optimizer_format &&
+                           (format->value().toStringRef() == distributed::sharded_optimizer_format ||
+                            format->value().toStringRef() == distributed::sharded_module_format) &&
                            dict.contains(c10::IValue("shard"));
       c10::impl::GenericDict out(dict.keyType(), dict.valueType());
       for (const auto& item : dict) {
@@ -529,6 +593,7 @@ class ShardedStrategy : public BasicDDPStrategy<Backend, ShardedStrategy<Stage, 
   WrapPolicy auto_wrap_{};              // stage 3
   distributed::WrappedUnits units_;     // stage 3: of the module set up
   distributed::ParameterInit param_init_;                   // stage 3: for a meta-built module
+  StateDictType state_dict_type_ = StateDictType::sharded;  // stage 3
   torch::nn::Module* module_ = nullptr;                     // stage 3: the module set up
   std::unordered_set<const void*> meta_pending_;            // stage 3: its tensors still on the meta device
   distributed::MaterializeStats materialized_;
