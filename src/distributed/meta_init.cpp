@@ -2,7 +2,10 @@
 #include "fulgur/distributed/meta_init.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <torch/nn/init.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
@@ -10,14 +13,19 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/modules/rnn.h>
+#include <torch/nn/modules/transformer.h>
+#include <torch/nn/modules/transformercoder.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "fulgur/distributed/optimizer_shard.hpp"
+#include "fulgur/device_guards.hpp"
 #include "fulgur/distributed/process_group.hpp"
 #include "fulgur/errors.hpp"
 
@@ -48,11 +56,26 @@ std::int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<std:
 
 bool reset_builtin_parameters(torch::nn::Module& module) {
   using namespace torch::nn;
+  if (auto* attention = dynamic_cast<MultiheadAttentionImpl*>(&module)) {
+    // Its constructor builds out_proj (a Linear, which draws), then draws its own projections and
+    // zeroes out_proj's bias: one initialisation for both (materialize_meta opens out_proj too).
+    attention->out_proj->reset_parameters();
+    attention->_reset_parameters();
+    return true;
+  }
+  if (auto* prelu = dynamic_cast<PReLUImpl*>(&module)) {
+    prelu->weight.fill_(prelu->options.init());
+    return true;
+  }
   return reset_if_one_of<LinearImpl, BilinearImpl, Conv1dImpl, Conv2dImpl, Conv3dImpl, ConvTranspose1dImpl,
                          ConvTranspose2dImpl, ConvTranspose3dImpl, EmbeddingImpl, EmbeddingBagImpl, LayerNormImpl,
                          GroupNormImpl, BatchNorm1dImpl, BatchNorm2dImpl, BatchNorm3dImpl, InstanceNorm1dImpl,
                          InstanceNorm2dImpl, InstanceNorm3dImpl, RNNImpl, LSTMImpl, GRUImpl, RNNCellImpl,
                          LSTMCellImpl, GRUCellImpl>(module);
+}
+
+bool initialises_children(const torch::nn::Module& module) {
+  return dynamic_cast<const torch::nn::MultiheadAttentionImpl*>(&module) != nullptr;
 }
 
 std::string first_meta_tensor(const torch::nn::Module& module) {
@@ -103,40 +126,135 @@ MaterializeStats materialize_meta(torch::nn::Module& root, c10::Device device, c
 
   const std::unordered_set<const void*> was_meta = pending;
   std::int64_t open_bytes = 0;
-  std::vector<const torch::nn::Module*> seen;  // a module registered twice was constructed once
+  // A parameter's bucket made whole (what it holds so far comes back); nullptr if it is in none.
+  auto open = [&](const at::Tensor& t) -> const Place* {
+    const auto it = place.find(t.unsafeGetTensorImpl());
+    if (it == place.end()) return nullptr;
+    if (!it->second.bucket->gathered) {
+      it->second.owner->gather(*it->second.bucket);
+      open_bytes += bytes_of(it->second.bucket->weights);
+    }
+    return &it->second;
+  };
+  // A bucket every parameter of which has its value: rank 0's broadcast, this rank's chunk kept.
+  auto close_if_done = [&](const Place& p) {
+    if (!p.bucket->gathered || remaining[p.bucket] != 0) return;
+    open_bytes -= bytes_of(p.bucket->weights);
+    p.owner->keep_initialized(*p.bucket);
+  };
+
+  // Built-ins whose construction is not "each module its own tensors, in registration order"; the
+  // eager build's values come from the random numbers drawn, in the order drawn, so follow it:
+  //  - MultiheadAttention initialises its out_proj too (initialises_children): one init, both open;
+  //  - TransformerEncoder/Decoder clone a prototype layer: the prototype draws, then every clone's
+  //    reset() draws again and takes the prototype's values. So each layer is drawn from where the
+  //    generator stood at the start, and once the layers are done the generator is put where the
+  //    eager build leaves it (found by building the prototype and its clones, a layer at a time);
+  //  - Transformer redraws every matrix of its subtree (xavier_uniform_) once all of it is built.
+  at::Generator generator = at::globalContext().defaultGenerator(device);
+  auto generator_state = [&] {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    return generator.get_state();
+  };
+  auto set_generator_state = [&](const at::Tensor& state) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  };
+  std::unordered_map<const torch::nn::Module*, at::Tensor> clone_start;  // layer k > 0 -> where layer 0 began
+  struct AfterSubtree {  // what to do once every module below `root` is initialised
+    std::unordered_set<const torch::nn::Module*> subtree;
+    std::function<void()> then;
+  };
+  std::vector<AfterSubtree> after;
+  auto below = [](torch::nn::Module& m) {
+    std::unordered_set<const torch::nn::Module*> out;
+    for (const auto& d : m.modules(/*include_self=*/false)) out.insert(d.get());
+    return out;
+  };
+  // The eager build of cloned layers: the prototype, then `count` clones, each drawing.
+  auto follow_clones = [&](torch::nn::Module& coder, torch::nn::ModuleList layers, auto make_prototype) {
+    if (layers.is_empty() || layers->is_empty()) return;
+    const at::Tensor start = generator_state();
+    {
+      const DefaultDeviceGuard on_device(device);
+      auto prototype = make_prototype();
+      std::int64_t layer_bytes = 0;
+      for (const auto& t : prototype->parameters()) layer_bytes += bytes_of(t);
+      for (const auto& t : prototype->buffers()) layer_bytes += bytes_of(t);
+      stats.peak_bytes = std::max(stats.peak_bytes, open_bytes + stats.whole_bytes + 2 * layer_bytes);
+      for (std::size_t k = 0; k < layers->size(); ++k) (void)prototype->clone();
+    }
+    const at::Tensor end = generator_state();
+    set_generator_state(start);
+    for (std::size_t k = 1; k < layers->size(); ++k) clone_start[layers[k].get()] = start;
+    after.push_back({below(coder), [&, end] { set_generator_state(end); }});
+  };
+
+  auto redraw_matrices = [&](torch::nn::Module& transformer) {  // a bucket whole at a time
+    const auto params = transformer.parameters();
+    std::map<OptimizerShard::Bucket*, std::size_t> last_use;
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (params[i].dim() > 1 && was_meta.count(params[i].unsafeGetTensorImpl()) != 0) {
+        const auto it = place.find(params[i].unsafeGetTensorImpl());
+        if (it != place.end()) last_use[it->second.bucket] = i;
+      }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& p = params[i];
+      if (p.dim() <= 1 || was_meta.count(p.unsafeGetTensorImpl()) == 0) continue;
+      const Place* where = open(p);
+      stats.peak_bytes = std::max(stats.peak_bytes, open_bytes + stats.whole_bytes);
+      torch::nn::init::xavier_uniform_(p);
+      if (where == nullptr) group.broadcast(p, 0);
+      else if (last_use[where->bucket] == i) close_if_done(*where);
+    }
+  };
+
+  std::unordered_set<const torch::nn::Module*> seen;  // a module registered twice was constructed once
   for (const auto& item : root.named_modules()) {
     torch::nn::Module& module = *item.value();
-    if (std::find(seen.begin(), seen.end(), &module) != seen.end()) continue;
-    seen.push_back(&module);
-    // Its own tensors that were meta: the new ones, and those an earlier module shares with it (a
-    // tied weight), which it initialises again — its constructor drew those random numbers too —
-    // and which then keep the earlier value.
+    if (!seen.insert(&module).second) continue;
+    for (; !after.empty() && after.back().subtree.count(&module) == 0; after.pop_back()) after.back().then();
+    if (const auto start = clone_start.find(&module); start != clone_start.end()) set_generator_state(start->second);
+    using namespace torch::nn;
+    if (auto* encoder = dynamic_cast<TransformerEncoderImpl*>(&module))
+      follow_clones(module, encoder->layers, [&] { return TransformerEncoderLayer(encoder->options.encoder_layer()->options); });
+    if (auto* decoder = dynamic_cast<TransformerDecoderImpl*>(&module))
+      follow_clones(module, decoder->layers, [&] { return TransformerDecoderLayer(decoder->options.decoder_layer()->options); });
+    if (dynamic_cast<TransformerImpl*>(&module) != nullptr)
+      after.push_back({below(module), [&, transformer = &module] { redraw_matrices(*transformer); }});
+
+    // The tensors it initialises (its own, and its children's if it initialises them) that were
+    // meta: the new ones, and those an earlier module shares with it (a tied weight), which it
+    // initialises again — its constructor drew those random numbers too — and which then keep the
+    // earlier value.
     std::vector<std::pair<std::string, at::Tensor>> fresh, shared;
-    for (auto& [name, t] : own_tensors(module)) {
-      const void* impl = t.unsafeGetTensorImpl();
-      if (pending.count(impl) != 0) fresh.emplace_back(name, t);
-      else if (was_meta.count(impl) != 0) shared.emplace_back(name, t);
-    }
+    auto collect = [&](const torch::nn::Module& m, const std::string& prefix) {
+      for (auto& [name, t] : own_tensors(m)) {
+        const void* impl = t.unsafeGetTensorImpl();
+        if (pending.count(impl) != 0) fresh.emplace_back(prefix + name, t);
+        else if (was_meta.count(impl) != 0) shared.emplace_back(prefix + name, t);
+      }
+    };
+    collect(module, "");
+    if (initialises_children(module))
+      for (const auto& child : module.named_modules("", /*include_self=*/false)) {
+        seen.insert(child.value().get());
+        collect(*child.value(), child.key() + ".");
+      }
     if (fresh.empty() && shared.empty()) continue;
 
-    std::vector<Place> touched;
-    auto open = [&](const at::Tensor& t) {
-      const auto it = place.find(t.unsafeGetTensorImpl());
-      if (it == place.end()) return false;
-      if (!it->second.bucket->gathered) {
-        it->second.owner->gather(*it->second.bucket);  // what the bucket holds so far comes back
-        open_bytes += bytes_of(it->second.bucket->weights);
-      }
-      if (std::none_of(touched.begin(), touched.end(), [&](const Place& p) { return p.bucket == it->second.bucket; }))
-        touched.push_back(it->second);
-      return true;
+    std::vector<const Place*> touched;
+    auto touch = [&](const at::Tensor& t) {
+      const Place* p = open(t);
+      if (p != nullptr && std::find(touched.begin(), touched.end(), p) == touched.end()) touched.push_back(p);
+      return p != nullptr;
     };
     for (auto& [name, t] : fresh)
-      if (!open(t)) {  // frozen, or in no optimizer: whole memory of its own
+      if (!touch(t)) {  // frozen, or in no optimizer: whole memory of its own
         t.unsafeGetTensorImpl()->shallow_copy_from(at::zeros(t.sizes(), t.options().device(device)).getIntrusivePtr());
         stats.whole_bytes += bytes_of(t);
       }
-    for (auto& [name, t] : shared) open(t);
+    for (auto& [name, t] : shared) touch(t);
     stats.peak_bytes = std::max(stats.peak_bytes, open_bytes + stats.whole_bytes);
 
     std::vector<at::Tensor> kept;
@@ -160,12 +278,9 @@ MaterializeStats materialize_meta(torch::nn::Module& root, c10::Device device, c
       if (it == place.end()) group.broadcast(t, 0);  // rank 0's value, as an eager model's at set-up
       else --remaining[it->second.bucket];
     }
-    for (const Place& p : touched)
-      if (remaining[p.bucket] == 0) {
-        open_bytes -= bytes_of(p.bucket->weights);
-        p.owner->keep_initialized(*p.bucket);
-      }
+    for (const Place* p : touched) close_if_done(*p);
   }
+  for (; !after.empty(); after.pop_back()) after.back().then();
   if (!pending.empty())
     throw MisconfigurationError("fulgur: ShardedStrategy<3>: " + std::to_string(pending.size()) +
                                 " meta tensor(s) belong to no submodule of the module being set up; build every "

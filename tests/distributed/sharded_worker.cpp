@@ -1220,6 +1220,139 @@ void meta3() {
   (void)world;
 }
 
+/// LibTorch's built-ins that do not initialise "each module its own tensors, in registration order"
+/// (MultiheadAttention, PReLU, the Transformer family), built on the meta device and materialised by
+/// the default initialiser: every rank's weights equal rank 0's eager build bit for bit, whatever
+/// the units (an attention module and its out_proj in different units; layers a unit each).
+struct HoldsImpl : torch::nn::Module {
+  explicit HoldsImpl(std::shared_ptr<torch::nn::Module> m) { register_module("m", std::move(m)); }
+};
+TORCH_MODULE(Holds);
+
+/// A small attention model: 8 features as 4 tokens of 2, two encoder layers, a head.
+struct AttentionNetImpl : torch::nn::Module {
+  AttentionNetImpl() {
+    using namespace torch::nn;
+    embed = register_module("embed", Linear(2, 8));
+    // The prototype layer built where the encoder is: its draws are the encoder's first layer's.
+    TransformerEncoderLayer layer(TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0));
+    encoder = register_module("encoder", TransformerEncoder(layer, 2));
+    head = register_module("head", Linear(8, 4));
+  }
+  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+    const at::Tensor tokens = embed(b.input.view({-1, 4, 2})).transpose(0, 1);  // (sequence, batch, features)
+    return torch::nn::functional::cross_entropy(head(encoder(tokens).mean(0)), b.target);
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::AdamW>(parameters(), torch::optim::AdamWOptions(0.01));
+  }
+  torch::nn::Linear embed{nullptr}, head{nullptr};
+  torch::nn::TransformerEncoder encoder{nullptr};
+};
+TORCH_MODULE(AttentionNet);
+
+std::map<std::string, at::Tensor> train_attention(bool meta) {
+  FSDPOptions o = fsdp(WrapPolicy::by_type<torch::nn::TransformerEncoderLayer>());
+  o.state_dict_type = StateDictType::full;
+  Trainer<CPUAccelerator, Zero<3>, FloatPrecision> trainer(config({.max_epochs = 2}), o);
+  my_rank = trainer.global_rank();
+  torch::manual_seed(meta ? 5 + 100 * my_rank : 5);
+  AttentionNet model{nullptr};
+  {
+    auto in_context = trainer.init_module(/*empty_init=*/meta);
+    model = AttentionNet();
+  }
+  auto [x, y] = dataset(96);
+  data::TensorLoader loader(x, y, {.batch_size = 8, .shuffle = true, .seed = 9});
+  trainer.fit(model, loader);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& entry : trainer.module_state(*model)) out[entry.key().toStringRef()] = entry.value().toTensor();
+  return out;
+}
+
+void builtins3() {
+  using namespace torch::nn;
+  struct Case {
+    std::string name;
+    std::function<std::shared_ptr<Module>()> build;
+    WrapPolicy wrap;
+  };
+  const std::vector<Case> cases = {
+      {"MultiheadAttention", [] { return MultiheadAttention(8, 2).ptr(); }, {}},
+      {"MultiheadAttention, bias_kv, kdim/vdim, out_proj its own unit",
+       [] { return MultiheadAttention(MultiheadAttentionOptions(8, 2).add_bias_kv(true).kdim(4).vdim(6)).ptr(); },
+       WrapPolicy::by_type<Linear>()},
+      {"PReLU beside a Linear",
+       [] {
+         auto s = Sequential(Linear(4, 3), PReLU(PReLUOptions().num_parameters(3).init(0.1)));
+         return s.ptr();
+       },
+       {}},
+      {"TransformerEncoderLayer, Linears their own units",
+       [] { return TransformerEncoderLayer(TransformerEncoderLayerOptions(8, 2).dim_feedforward(16)).ptr(); },
+       WrapPolicy::by_type<Linear>()},
+      {"TransformerDecoderLayer, attention its own unit",
+       [] { return TransformerDecoderLayer(TransformerDecoderLayerOptions(8, 2).dim_feedforward(16)).ptr(); },
+       WrapPolicy::by_type<MultiheadAttention>()},
+      {"TransformerEncoder: three cloned layers",
+       [] {
+         TransformerEncoderLayer layer(TransformerEncoderLayerOptions(8, 2).dim_feedforward(16));
+         return TransformerEncoder(TransformerEncoderOptions(layer, 3).norm(AnyModule(LayerNorm(LayerNormOptions({8})))))
+             .ptr();
+       },
+       WrapPolicy::by_type<TransformerEncoderLayer>()},
+      {"TransformerDecoder: two cloned layers",
+       [] {
+         TransformerDecoderLayer layer(TransformerDecoderLayerOptions(8, 2).dim_feedforward(16));
+         return TransformerDecoder(TransformerDecoderOptions(layer, 2)).ptr();
+       },
+       WrapPolicy::by_type<TransformerDecoderLayer>()},
+      {"Transformer: every matrix redrawn, a layer a unit",
+       [] { return Transformer(TransformerOptions(8, 2, 2, 2).dim_feedforward(16)).ptr(); },
+       WrapPolicy::by_type<TransformerEncoderLayer, TransformerDecoderLayer>()},
+      {"Transformer, one unit", [] { return Transformer(TransformerOptions(8, 2, 1, 1).dim_feedforward(16)).ptr(); }, {}},
+  };
+  for (const Case& c : cases) {
+    FSDPOptions o = fsdp(c.wrap);
+    o.state_dict_type = StateDictType::full;
+    Trainer<CPUAccelerator, Zero<3>, FloatPrecision> trainer(config(), o);
+    my_rank = trainer.global_rank();
+    torch::manual_seed(5);
+    Holds eager(c.build());
+    const auto expected = state_of(*eager);
+    torch::manual_seed(5 + 100 * my_rank);
+    Holds model{nullptr};
+    {
+      auto on_meta = trainer.init_module(/*empty_init=*/true);
+      model = Holds(c.build());
+    }
+    check(!distributed::first_meta_tensor(*model).empty(), c.name + ": built on the meta device");
+    torch::optim::SGD optimizer(model->parameters(), 0.1);
+    trainer.setup(model, optimizer);
+    const auto state = trainer.module_state(*model);
+    check(state.size() == expected.size(), c.name + ": every tensor");
+    for (const auto& [name, value] : expected)
+      check(torch::equal(state.at(name).toTensor(), value),
+            c.name + ": " + name + " materialised on rank " + std::to_string(my_rank) +
+                " equals rank 0's eager build bit for bit");
+    std::int64_t all = 0;
+    for (const auto* bucket : trainer.strategy().optimizer_shards().front()->buckets()) all += bucket->numel * 4;
+    const auto& stats = trainer.strategy().materialize_stats();
+    if (c.wrap.module_types.size() > 0 && c.name.find("out_proj its own unit") == std::string::npos)  // one init for both
+      check(stats.peak_bytes < all, c.name + ": never the whole model at once (peak " +
+                                        std::to_string(stats.peak_bytes) + " of " + std::to_string(all) + " bytes)");
+    if (my_rank == 0)
+      std::cout << "builtins: " << c.name << ": " << expected.size() << " tensors as eager, peak whole "
+                << stats.peak_bytes << " of " << all << " bytes" << std::endl;
+  }
+  // Trained: a meta-built attention model (gathered a layer at a time) as the eager one, bit for bit.
+  const auto eager = train_attention(false), meta = train_attention(true);
+  const double d = max_difference(eager, meta);
+  check(d == 0.0, "a meta-built TransformerEncoder trains as the eager one bit for bit (max difference " +
+                      std::to_string(d) + ")");
+  check(max_difference(eager, state_of(*AttentionNet())) > 0, "the training moved the weights");
+}
+
 /// tests/distributed/fault.sh, mode "self": rank 1 SIGKILLs itself inside a stage-3 forward, after
 /// the first block ran and before the second is gathered; rank 0 must stop with the lost rank
 /// named (its gather fails inside an op, where LibTorch cannot take the error: the strategy throws
@@ -1300,6 +1433,7 @@ int main(int argc, char** argv) {
                        else if (scenario == "fault@3") fault3();
                        else if (scenario == "memory@3") memory3();
                        else if (scenario == "meta@3") meta3();
+                       else if (scenario == "builtins@3") builtins3();
                        else if (scenario == "checkpoints@3" && argc > 2) checkpoints3(argv[2]);
                        else return false;
                        return true;

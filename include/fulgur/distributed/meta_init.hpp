@@ -13,6 +13,11 @@
 //
 // A weight shared by two modules (a tied embedding and head) keeps the value of the first module
 // that initialises it, as `head->weight = embedding->weight` after construction does.
+//
+// Three built-ins construct otherwise, and are followed: MultiheadAttention initialises its out_proj
+// (initialises_children); the layers of TransformerEncoder/Decoder are clones of one prototype, so
+// each layer after the first draws from where the generator stood when the first began; Transformer
+// redraws every matrix of its subtree (xavier_uniform_) once the subtree is built, a unit at a time.
 #include <c10/core/Device.h>
 
 #include <cstdint>
@@ -36,10 +41,16 @@ class ProcessGroup;
 /// the set-up then stops with an error that names it.
 using ParameterInit = std::function<bool(torch::nn::Module&)>;
 
-/// reset_parameters() of LibTorch's built-in modules with parameters (Linear, Bilinear, Conv and
-/// ConvTranspose 1d–3d, Embedding, EmbeddingBag, LayerNorm, GroupNorm, BatchNorm and InstanceNorm
-/// 1d–3d, RNN, LSTM, GRU and their cells); false for any other type.
+/// How LibTorch's built-in modules with parameters initialise them at construction: reset_parameters()
+/// (Linear, Bilinear, Conv and ConvTranspose 1d–3d, Embedding, EmbeddingBag, LayerNorm, GroupNorm,
+/// BatchNorm and InstanceNorm 1d–3d, RNN, LSTM, GRU and their cells), PReLU's constant, and
+/// MultiheadAttention's out_proj then its own projections; false for any other type. The layers of
+/// TransformerEncoder/Decoder and Transformer's final redraw are materialize_meta's (see there).
 bool reset_builtin_parameters(torch::nn::Module& module);
+
+/// Modules whose initialisation covers their children (MultiheadAttention: its out_proj): ParameterInit
+/// is called for the module with every tensor of its subtree given memory, and not for the children.
+bool initialises_children(const torch::nn::Module& module);
 
 /// The qualified name of the module's first parameter or buffer on the meta device, or empty.
 std::string first_meta_tensor(const torch::nn::Module& module);
