@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fulgur/detail/loop_position.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/metrics.hpp"
 #include "fulgur/optimization.hpp"
@@ -115,8 +116,10 @@ class StepContext {
   // ---- set by the loops ------------------------------------------------------------------------
   void attach(detail::MetricCollection* metrics) { metrics_ = metrics; }
   detail::MetricCollection* metrics() const { return metrics_; }
-  /// Who runs now (a hook or step), for the logging rules.
+  /// Who runs now (a hook or step; `hook` views a string literal), for the logging rules and for
+  /// the position a stuck rank is reported at (detail/loop_position.hpp).
   void enter(std::string_view hook, detail::LogScope scope) {
+    detail::loop_position().enter(to_string(stage).data(), hook.data(), current_epoch, batch_idx);
     if (metrics_ != nullptr) metrics_->enter(hook, scope);
   }
   void attach_manual(const detail::ManualOptimizationOps* ops, std::vector<ManualOptimizer> optimizers,

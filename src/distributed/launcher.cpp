@@ -37,7 +37,8 @@ std::atomic<int> forwarded_signal{0};
 constexpr const char* kLaunchVariables[] = {"RANK",           "LOCAL_RANK",  "WORLD_SIZE",
                                             "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                                             "MASTER_PORT",    "TORCHELASTIC_USE_AGENT_STORE",
-                                            "TORCHELASTIC_RESTART_COUNT", "ROLE_RANK", "ROLE_WORLD_SIZE"};
+                                            "TORCHELASTIC_RESTART_COUNT", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                                            "FULGUR_FAILURE_REPORT"};
 
 void signal_workers(int signal) {
   for (int i = 0; i < worker_count.load(); ++i)
@@ -98,6 +99,7 @@ struct Rendezvous {
   int node_rank = 0;
   std::string address;
   std::string port;
+  std::string reports;  ///< a directory: a worker that finds a peer stuck writes rank<r> there
 };
 
 Rendezvous rendezvous_for(const LaunchPlan& plan) {
@@ -130,6 +132,7 @@ std::vector<std::vector<std::string>> worker_environments(const LaunchPlan& plan
              {"MASTER_ADDR", meeting.address},
              {"MASTER_PORT", meeting.port}})
       env.push_back(k + "=" + v);
+    if (!meeting.reports.empty()) env.push_back("FULGUR_FAILURE_REPORT=" + meeting.reports + "/rank" + std::to_string(rank));
   }
   return environments;
 }
@@ -230,12 +233,32 @@ Failure supervise(const LaunchPlan& plan, int node_rank) {
   return failure;
 }
 
+/// What a worker wrote on finding a peer stuck: "rank 1 is stuck (alive, ...); rank 0 reported: ...",
+/// or empty. The reports are removed, and their directory.
+std::string stuck_report(const std::string& dir, int first_rank, int count) {
+  std::string found;
+  for (int rank = first_rank; rank < first_rank + count && !dir.empty(); ++rank) {
+    const std::string file = dir + "/rank" + std::to_string(rank);
+    std::ifstream in(file);
+    std::string stuck, why;
+    if (in && std::getline(in, stuck) && std::getline(in, why) && found.empty())
+      found = (stuck.find(',') == std::string::npos ? "rank " : "ranks ") + stuck +
+              " stuck (alive, but not where the others are): " + why;
+    in.close();
+    ::unlink(file.c_str());
+  }
+  if (!dir.empty()) ::rmdir(dir.c_str());
+  return found;
+}
+
 }  // namespace
 
 void launch_local_workers(const LaunchPlan& plan) {
   if (plan.processes_per_node > kMaxWorkers)
     throw MisconfigurationError("fulgur launcher: at most " + std::to_string(kMaxWorkers) + " processes per node.");
-  const Rendezvous meeting = rendezvous_for(plan);
+  Rendezvous meeting = rendezvous_for(plan);
+  char reports[] = "/tmp/fulgur_run_XXXXXX";
+  if (::mkdtemp(reports) != nullptr) meeting.reports = reports;
   auto environments = worker_environments(plan, meeting);
   const int world = plan.processes_per_node * plan.num_nodes;
   std::fprintf(stderr, "fulgur launcher: starting %d processes on node %d (ranks %d-%d of %d, master %s:%s)\n",
@@ -246,9 +269,14 @@ void launch_local_workers(const LaunchPlan& plan) {
   std::fflush(stdout);
   fork_workers(plan, environments);
   const Failure failure = supervise(plan, meeting.node_rank);
+  const std::string stuck = stuck_report(meeting.reports, meeting.node_rank * plan.processes_per_node,
+                                         plan.processes_per_node);
   if (failure.rank >= 0) {
-    std::fprintf(stderr, "fulgur launcher: the run failed: rank %d ended with %s.\n", failure.rank,
-                 describe_status(failure.status).c_str());
+    if (!stuck.empty())  // the cause is the stuck rank, not the one that saw it and ended first
+      std::fprintf(stderr, "fulgur launcher: the run failed: %s\n", stuck.c_str());
+    else
+      std::fprintf(stderr, "fulgur launcher: the run failed: rank %d ended with %s.\n", failure.rank,
+                   describe_status(failure.status).c_str());
     std::exit(1);
   }
   if (preempted == plan.processes_per_node) {

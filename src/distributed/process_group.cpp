@@ -9,28 +9,50 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <condition_variable>
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
 
+#include "fulgur/detail/loop_position.hpp"
 #include "fulgur/errors.hpp"
 #include "src/distributed/backends.hpp"
 
 namespace fulgur::distributed {
 
 namespace {
-const char* op_name(ReduceOp op) {
+const char* all_reduce_name(ReduceOp op) {  // literals: the heartbeat publishes the last one by address
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::mean: return "mean";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
+    case ReduceOp::sum: return "all_reduce(sum)";
+    case ReduceOp::mean: return "all_reduce(mean)";
+    case ReduceOp::max: return "all_reduce(max)";
+    case ReduceOp::min: return "all_reduce(min)";
   }
-  return "?";
+  return "all_reduce";
+}
+
+/// What a rank publishes for its peers: its collectives so far, the last one's name, its loop position.
+struct PeerPosition {
+  std::uint64_t collectives = 0;
+  std::string op, loop;
+};
+std::string encode(const PeerPosition& p) { return std::to_string(p.collectives) + "\n" + p.op + "\n" + p.loop; }
+PeerPosition decode(const std::string& text) {
+  PeerPosition p;
+  const auto first = text.find('\n'), second = text.find('\n', first == std::string::npos ? first : first + 1);
+  if (first == std::string::npos || second == std::string::npos) return p;
+  p.collectives = std::strtoull(text.c_str(), nullptr, 10);
+  p.op = text.substr(first + 1, second - first - 1);
+  p.loop = text.substr(second + 1);
+  return p;
 }
 
 std::string why(const std::exception& e) {
@@ -47,16 +69,26 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
 
-  // Liveness: every rank bumps a counter in the store once a second. When a collective fails,
-  // the survivors look for counters that stopped moving, to name the rank that was lost.
+  // Liveness and position: every rank bumps a counter in the store once a second, and writes how
+  // many collectives it has started, the last one's name and its loop position. When a collective
+  // fails, the survivors look for counters that stopped moving, to name the rank that was lost; if
+  // none did, for the ranks behind or elsewhere, to name the one that is stuck.
   std::thread heartbeat;
   std::mutex heartbeat_mutex;  // only for the wake-up: never held across a store call
   std::condition_variable heartbeat_wakeup;
   std::atomic<bool> stopping{false};
   mutable std::atomic<bool> failed{false};  // a collective failed: the peers may be gone
   c10::Device device{c10::kCPU};
+  std::atomic<std::uint64_t> collectives{0};   // started by this rank
+  std::atomic<const char*> last_op{"none yet"};  // a string literal
+  bool serves_store = false;                     // this process is the TCPStore's server
 
   static std::string alive_key(int r) { return "fulgur_alive/" + std::to_string(r); }
+  static std::string position_key(int r) { return "fulgur_position/" + std::to_string(r); }
+  PeerPosition own_position() const {
+    return {collectives.load(std::memory_order_relaxed), last_op.load(std::memory_order_relaxed),
+            fulgur::detail::loop_position().describe()};
+  }
 
   void start_heartbeat() {
     if (size == 1) return;
@@ -64,6 +96,8 @@ struct ProcessGroup::Impl {
       while (!stopping.load()) {
         try {
           store->add(alive_key(rank), 1);
+          const std::string position = encode(own_position());
+          store->set(position_key(rank), std::vector<std::uint8_t>(position.begin(), position.end()));
         } catch (const std::exception&) {
           return;  // the store is gone: nothing left to report to
         }
@@ -96,76 +130,152 @@ struct ProcessGroup::Impl {
     }
   }
 
-  /// "rank 1 stopped responding" — or an empty string when it cannot be told within ~5 s.
-  std::string lost_ranks() const {
+  /// Why collective number `number` (`op`) failed, as far as the peers tell within ~5 s: "rank 1
+  /// stopped responding" (its heartbeat stopped), or where the live peers are — behind, or in
+  /// another collective — or an empty string when it cannot be told.
+  struct Diagnosis {
+    std::string text;
+    std::string stuck;  ///< "1" or "1, 2": the live ranks behind or in another collective
+  };
+  Diagnosis diagnose(const char* op, std::uint64_t number) const {
     if (size == 1) return {};
     struct Probe {
       std::mutex mutex;
       std::condition_variable done_signal;
       bool done = false;
-      std::string text;
+      Diagnosis found;
     };
     auto probe = std::make_shared<Probe>();
     auto store_ref = store;
     const int self = rank, world = size;
-    std::thread([probe, store_ref, self, world] {
-      std::string text;
+    const PeerPosition mine = own_position();
+    const std::string failed_op = op;
+    std::thread([probe, store_ref, self, world, mine, failed_op, number] {
+      std::string text, stuck;
       try {
         std::vector<std::int64_t> before(static_cast<std::size_t>(world));
         for (int r = 0; r < world; ++r) before[static_cast<std::size_t>(r)] = store_ref->add(alive_key(r), 0);
         std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-        for (int r = 0; r < world; ++r)
-          if (r != self && store_ref->add(alive_key(r), 0) == before[static_cast<std::size_t>(r)])
+        std::vector<int> alive;
+        for (int r = 0; r < world; ++r) {
+          if (r == self) continue;
+          if (store_ref->add(alive_key(r), 0) == before[static_cast<std::size_t>(r)])
             text += (text.empty() ? "rank " : ", rank ") + std::to_string(r);
+          else
+            alive.push_back(r);
+        }
+        if (!text.empty()) {
+          text += " stopped responding (crashed, was killed, or raised an error)";
+        } else {
+          const std::string where = failed_op + " #" + std::to_string(number);
+          for (int r : alive) {
+            if (!store_ref->check({position_key(r)})) continue;
+            const auto bytes = store_ref->get(position_key(r));
+            const PeerPosition peer = decode(std::string(bytes.begin(), bytes.end()));
+            const std::string who = "rank " + std::to_string(r);
+            if (peer.collectives < number || peer.collectives > number || peer.op != failed_op)
+              stuck += (stuck.empty() ? "" : ", ") + std::to_string(r);
+            if (peer.collectives < number)
+              text += (text.empty() ? "" : "; ") + who + " is alive but has not reached it: its last collective is " +
+                      (peer.collectives == 0 ? std::string("none") : peer.op + " #" + std::to_string(peer.collectives)) +
+                      ", its last position " + peer.loop;
+            else if (peer.collectives > number || peer.op != failed_op)
+              text += (text.empty() ? "" : "; ") + who + " is in " + peer.op + " #" + std::to_string(peer.collectives) +
+                      ", not " + where + ": the ranks called different collectives (mismatched order) — rank " +
+                      std::to_string(self) + " at " + mine.loop + ", " + who + " at " + peer.loop;
+          }
+        }
       } catch (const std::exception&) {
         // the store went away mid-probe: keep what was found; without it, blame the store's host
         if (text.empty() && self != 0) text = "rank 0, which serves the rendezvous store, is unreachable";
       }
-      if (!text.empty() && text.rfind("rank 0, which", 0) != 0) text += " stopped responding";
       std::lock_guard<std::mutex> lock(probe->mutex);
-      probe->text = text;
+      probe->found = {text, stuck};
       probe->done = true;
       probe->done_signal.notify_all();
     }).detach();
     std::unique_lock<std::mutex> lock(probe->mutex);
     probe->done_signal.wait_for(lock, std::chrono::seconds(5), [&] { return probe->done; });
-    return probe->text;
+    return probe->found;
   }
 
-  [[noreturn]] void fail(const std::string& op, const std::string& reason) const {
+  [[noreturn]] void fail(const char* op, std::uint64_t number, const std::string& reason) const {
     failed.store(true);
-    const std::string lost = lost_ranks();
-    throw DistributedError("fulgur: " + op + " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                           " failed: " + (lost.empty() ? "a peer process probably ended" : lost) +
-                           " (crashed, was killed, or raised an error); this run cannot continue. [" + reason + "]");
+    const auto [found, stuck] = diagnose(op, number);
+    const std::string head = "fulgur: " + std::string(op) + " #" + std::to_string(number) + " on rank " +
+                             std::to_string(rank) + " of " + std::to_string(size) + " failed: ";
+    if (!stuck.empty()) {
+      report_stuck(stuck, found);
+      let_peers_diagnose(static_cast<int>(std::count(stuck.begin(), stuck.end(), ',')) + 1);
+    }
+    throw DistributedError(head +
+                           (found.empty() ? "a peer process probably ended (crashed, was killed, or raised an error)"
+                                          : found) +
+                           "; this run cannot continue (rank " + std::to_string(rank) + " was at " +
+                           fulgur::detail::loop_position().describe() + "). [" + reason + "]");
+  }
+
+  /// The rank serving the store ends last among those that saw a stuck peer: its exit takes the
+  /// store, and the others' diagnosis with it. Waits at most 3 s.
+  void let_peers_diagnose(int stuck_ranks) const {
+    try {
+      const std::int64_t done = store->add("fulgur_diagnosed", 1);
+      if (!serves_store) return;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+      for (std::int64_t seen = done; seen < size - stuck_ranks && std::chrono::steady_clock::now() < deadline;
+           seen = store->add("fulgur_diagnosed", 0))
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    } catch (const std::exception&) {
+      // the store is gone: nobody is left to wait for
+    }
+  }
+
+  /// For the built-in launcher, in the file it named: which ranks are stuck (the cause, not this
+  /// rank, which only saw it), then why.
+  void report_stuck(const std::string& stuck, const std::string& why) const {
+    const char* file = std::getenv("FULGUR_FAILURE_REPORT");
+    if (file == nullptr || *file == '\0') return;
+    if (std::FILE* out = std::fopen(file, "w")) {
+      std::fprintf(out, "%s\nrank %d reported: %s\n", stuck.c_str(), rank, why.c_str());
+      std::fclose(out);
+    }
   }
 
   /// Waits for `work`; turns every failure into a DistributedError naming op, rank and the lost rank.
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op) const {
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* op, std::uint64_t number) const {
     bool finished = false;
     try {
       finished = work->wait(timeout);
     } catch (const std::exception& e) {
-      fail(op, why(e));
+      fail(op, number, why(e));
     }
     if (!finished)
-      fail(op, "no answer within the timeout of " + std::to_string(timeout.count()) +
-                   " ms (TrainerConfig::ddp.timeout sets it)");
+      fail(op, number, "no answer within the timeout of " + std::to_string(timeout.count()) +
+                           " ms (TrainerConfig::ddp.timeout sets it)");
+  }
+  /// Starts collective number collectives + 1, named `op` (a string literal).
+  template <class F>
+  std::pair<c10::intrusive_ptr<c10d::Work>, std::uint64_t> launch(const char* op, F&& f) {
+    const std::uint64_t number = collectives.fetch_add(1, std::memory_order_relaxed) + 1;
+    last_op.store(op, std::memory_order_relaxed);
+    try {
+      return {f(), number};
+    } catch (const std::exception& e) {
+      fail(op, number, why(e));
+    }
   }
   template <class F>
-  c10::intrusive_ptr<c10d::Work> launch(const std::string& op, F&& f) const {
-    try {
-      return f();
-    } catch (const std::exception& e) {
-      fail(op, why(e));
-    }
+  void run(const char* op, F&& f) {
+    auto [work, number] = launch(op, std::forward<F>(f));
+    wait(work, op, number);
   }
 };
 
 struct PendingCollective::Impl {
   c10::intrusive_ptr<c10d::Work> work;
   const ProcessGroup::Impl* group = nullptr;
-  std::string op;
+  const char* op = "";
+  std::uint64_t number = 0;
 };
 
 PendingCollective::PendingCollective() = default;
@@ -175,7 +285,7 @@ PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = 
 void PendingCollective::wait() {
   if (!impl_) return;
   auto impl = std::move(impl_);
-  impl->group->wait(impl->work, impl->op);
+  impl->group->wait(impl->work, impl->op, impl->number);
 }
 
 ProcessGroup::ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std::chrono::milliseconds timeout,
@@ -218,6 +328,7 @@ ProcessGroup::ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std:
       }
     }
     store->setTimeout(timeout);
+    impl_->serves_store = env.rank == 0 && !env.use_agent_store && env.world_size > 1;
     impl_->store = c10::make_intrusive<c10d::PrefixStore>("fulgur_group_" + std::to_string(generations[where]++), store);
   } catch (const std::exception& e) {
     throw DistributedError("fulgur: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
@@ -246,14 +357,14 @@ BackendKind ProcessGroup::kind() const { return impl_->kind; }
 std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
 
 void ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
-  const std::string name = std::string("all_reduce(") + op_name(op) + ")";
+  const char* name = all_reduce_name(op);
   c10d::AllreduceOptions options;
   const bool divide = op == ReduceOp::mean;
   options.reduceOp = op == ReduceOp::max ? c10d::ReduceOp::MAX
                      : op == ReduceOp::min ? c10d::ReduceOp::MIN
                                            : c10d::ReduceOp::SUM;
   std::vector<at::Tensor> tensors{tensor};
-  impl_->wait(impl_->launch(name, [&] { return impl_->backend->allreduce(tensors, options); }), name);
+  impl_->run(name, [&] { return impl_->backend->allreduce(tensors, options); });
   if (divide) {
     if (at::isFloatingType(tensor.scalar_type()) || at::isComplexType(tensor.scalar_type()))
       tensor.div_(impl_->size);
@@ -268,7 +379,7 @@ PendingCollective ProcessGroup::start(const char* op, Launch&& launch) {
   pending.impl_ = std::make_unique<PendingCollective::Impl>();
   pending.impl_->op = op;
   pending.impl_->group = impl_.get();
-  pending.impl_->work = impl_->launch(pending.impl_->op, launch);
+  std::tie(pending.impl_->work, pending.impl_->number) = impl_->launch(op, launch);
   return pending;
 }
 
@@ -281,14 +392,14 @@ void ProcessGroup::broadcast(const at::Tensor& tensor, int src) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = src;
-  impl_->wait(impl_->launch("broadcast", [&] { return impl_->backend->broadcast(tensors, options); }), "broadcast");
+  impl_->run("broadcast", [&] { return impl_->backend->broadcast(tensors, options); });
 }
 
 std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int i = 0; i < impl_->size; ++i) outputs[0].push_back(at::empty_like(tensor));
   std::vector<at::Tensor> inputs{tensor.contiguous()};
-  impl_->wait(impl_->launch("all_gather", [&] { return impl_->backend->allgather(outputs, inputs); }), "all_gather");
+  impl_->run("all_gather", [&] { return impl_->backend->allgather(outputs, inputs); });
   return outputs[0];
 }
 
@@ -318,7 +429,7 @@ void ProcessGroup::barrier() {
   c10d::BarrierOptions options;
   options.timeout = impl_->timeout;
   if (impl_->kind == BackendKind::nccl) options.device_ids = {impl_->device.index()};  // this rank's GPU
-  impl_->wait(impl_->launch("barrier", [&] { return impl_->backend->barrier(options); }), "barrier");
+  impl_->run("barrier", [&] { return impl_->backend->barrier(options); });
 }
 
 namespace detail {

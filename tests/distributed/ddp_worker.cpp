@@ -432,6 +432,35 @@ void launched() {
   }
 }
 
+// A stuck rank (tests/distributed/stuck.sh): 3 ranks under the built-in launcher, a 10 s collective
+// timeout. argv[2] = sleep: rank 1 sleeps in training_step at epoch 1, batch 3 (alive, not crashed);
+// skip: rank 1 skips a barrier the others wait in. The others must stop naming rank 1 and where it is.
+struct SleepyImpl : NetImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t batch_idx, StepContext& ctx) {
+    if (my_rank == 1 && ctx.current_epoch == 1 && batch_idx == 3) std::this_thread::sleep_for(std::chrono::minutes(2));
+    return NetImpl::training_step(b, batch_idx);
+  }
+};
+TORCH_MODULE(Sleepy);
+
+void stuck(const std::string& how) {
+  TrainerConfig c = config({.max_epochs = 3, .preemption = {.enabled = false}});
+  c.devices = 3;
+  Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(c, options());
+  my_rank = trainer.global_rank();
+  auto [x, y] = dataset(240);
+  Sleepy model;
+  data::TensorLoader loader(x, y, {.batch_size = 8});
+  try {
+    if (how == "skip" && my_rank != 1) trainer.barrier("rank 1 skips this one");
+    trainer.fit(model, loader);
+  } catch (const DistributedError& e) {
+    std::cout << "rank " << my_rank << " stopped: " << e.what() << std::endl;
+    std::exit(3);
+  }
+  std::exit(0);
+}
+
 // Preemption under the built-in launcher (preemption.sh): argv[2] = straight | run | resume,
 // argv[3] = the root folder. "run" trains slowly until the script's SIGTERM/SIGUSR1 ends it
 // (exit code 75 after the checkpoint); "straight" and "resume" (which finds the checkpoint by
@@ -484,6 +513,7 @@ int main(int argc, char** argv) {
                        }
                        else if (scenario == "fault") fault();
                        else if (scenario == "launched") launched();
+                       else if (scenario == "stuck" && argc > 2) stuck(argv[2]);
                        else if (scenario == "amp") amp_agreement();
                        else if (scenario == "nonfinite") nonfinite();
                        else if (scenario == "callbacks") callbacks();

@@ -29,7 +29,7 @@ wait $r0
 status=$?
 elapsed=$((SECONDS - start))
 echo "--- rank 0 (exit $status after ${elapsed}s):"; cat "$log/r0"
-named=$(grep -c "on rank 0 of 2 failed: rank 1 stopped responding" "$log/r0")
+named=$(grep -c "#[0-9]* on rank 0 of 2 failed: rank 1 stopped responding" "$log/r0")
 rm -rf "$log"
 if [ "$named" -eq 0 ]; then echo "FAIL: rank 0's error does not name the operation, its rank and the lost rank"; exit 1; fi
 if [ $status -eq 0 ]; then echo "FAIL: rank 0 exited 0 after its peer was killed"; exit 1; fi
