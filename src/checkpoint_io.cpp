@@ -42,6 +42,10 @@
 namespace fulgur::checkpoint {
 
 namespace {
+/// Wide enough for a product of two 62-bit extents: views are checked without overflow. GCC and
+/// clang have it; __extension__ says so to -Wpedantic.
+__extension__ typedef __int128 wide_int;
+
 /// path: the checkpoint being saved; step: what failed, naming the file it failed on.
 [[noreturn]] void save_error(const std::string& path, const std::string& step, int error) {
   throw CheckpointError("fulgur: cannot save checkpoint '" + path + "': " + step + ": " + std::strerror(error) +
@@ -1238,9 +1242,9 @@ class PickleReader {
     const std::vector<std::int64_t> sizes = integers(e[2]), strides = integers(e[3]);
     if (sizes.size() != strides.size())
       fail("holds a tensor with " + std::to_string(sizes.size()) + " sizes and " + std::to_string(strides.size()) + " strides");
-    constexpr std::int64_t kLimit = std::int64_t{1} << 62;  // no product of two such numbers overflows __int128
+    constexpr std::int64_t kLimit = std::int64_t{1} << 62;  // no product of two such numbers overflows wide_int
     if (offset < 0 || offset > kLimit) fail("holds a tensor whose storage offset is " + std::to_string(offset));
-    __int128 elements = 1;
+    wide_int elements = 1;
     for (std::size_t d = 0; d < sizes.size(); ++d) {
       if (sizes[d] < 0 || strides[d] < -kLimit || strides[d] > kLimit) fail("holds a tensor of shape " + c10::str(c10::IntArrayRef(sizes)) + ", strides " +
                                                                             c10::str(c10::IntArrayRef(strides)));
@@ -1326,16 +1330,16 @@ void check_tensor(const at::Tensor& t, const std::string& where,
     complain.corrupt("the storage of tensor " + where + " claims " + std::to_string(bytes) +
                      " bytes, more than its record holds");
   if (t.numel() == 0) return;
-  __int128 last = t.storage_offset();
+  wide_int last = t.storage_offset();
   bool negative = last < 0;
   for (std::int64_t d = 0; d < t.dim(); ++d) {
     negative = negative || t.stride(d) < 0;
-    last += static_cast<__int128>(t.size(d) - 1) * t.stride(d);
+    last += static_cast<wide_int>(t.size(d) - 1) * t.stride(d);
   }
   const std::string view = "tensor " + where + " (shape " + c10::str(t.sizes()) + ", strides " +
                            c10::str(t.strides()) + ", offset " + std::to_string(t.storage_offset()) + ")";
   if (negative) complain.corrupt(view + " has a negative stride or offset");
-  if ((last + 1) * t.element_size() > static_cast<__int128>(bytes))
+  if ((last + 1) * t.element_size() > static_cast<wide_int>(bytes))
     complain.corrupt(view + " reaches past its storage of " + std::to_string(bytes) + " bytes");
 }
 

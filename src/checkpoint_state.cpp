@@ -32,11 +32,15 @@ struct expose {
 };
 using Plateau = torch::optim::ReduceLROnPlateauScheduler;
 /// Names one member of Class of type T (Id tells members of one type apart).
+// The friend is deliberately not a template: expose<> defines it, once per tag.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnon-template-friend"
 template <class Class, class T, int Id>
 struct member_tag {
   using type = T Class::*;
   friend type member(member_tag);
 };
+#pragma GCC diagnostic pop
 using step_count_tag = member_tag<torch::optim::LRScheduler, unsigned, 0>;
 using best_tag = member_tag<Plateau, float, 0>;
 using bad_epochs_tag = member_tag<Plateau, int, 0>;

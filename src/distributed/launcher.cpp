@@ -99,7 +99,7 @@ struct Rendezvous {
   int node_rank = 0;
   std::string address;
   std::string port;
-  std::string reports;  ///< a directory: a worker that finds a peer stuck writes rank<r> there
+  std::string reports{};  ///< a directory: a worker that finds a peer stuck writes rank<r> there
 };
 
 Rendezvous rendezvous_for(const LaunchPlan& plan) {

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <condition_variable>
 #include <algorithm>
 #include <atomic>
@@ -208,11 +209,41 @@ struct ProcessGroup::Impl {
       report_stuck(stuck, found);
       let_peers_diagnose(static_cast<int>(std::count(stuck.begin(), stuck.end(), ',')) + 1);
     }
-    throw DistributedError(head +
-                           (found.empty() ? "a peer process probably ended (crashed, was killed, or raised an error)"
-                                          : found) +
-                           "; this run cannot continue (rank " + std::to_string(rank) + " was at " +
-                           fulgur::detail::loop_position().describe() + "). [" + reason + "]");
+    std::string message = head +
+                          (found.empty() ? "a peer process probably ended (crashed, was killed, or raised an error)"
+                                         : found) +
+                          "; this run cannot continue (rank " + std::to_string(rank) + " was at " +
+                          fulgur::detail::loop_position().describe() + "). [" + reason + "]";
+    report_to_torchrun(message);
+    throw DistributedError(std::move(message));
+  }
+
+  /// torchrun gives each worker TORCHELASTIC_ERROR_FILE: the first failure's message there is its
+  /// summary's "Root Cause", instead of "Signal 6" or a link to the docs. The rank that saw the
+  /// failure writes first, so the cause it names (a rank stuck or lost) is what the summary shows.
+  static void report_to_torchrun(const std::string& message) {
+    const char* file = std::getenv("TORCHELASTIC_ERROR_FILE");
+    if (file == nullptr || *file == '\0') return;
+    std::string json = "{\"message\": \"";
+    for (const char c : message) {
+      if (c == '"' || c == '\\') {
+        json += '\\';
+        json += c;
+      } else if (static_cast<unsigned char>(c) < 0x20) {
+        char escaped[8];
+        std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
+        json += escaped;
+      } else {
+        json += c;  // UTF-8 passes through: JSON is UTF-8
+      }
+    }
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
+        std::chrono::system_clock::now().time_since_epoch()).count();
+    json += "\", \"timestamp\": " + std::to_string(seconds) + "}\n";
+    if (std::FILE* out = std::fopen(file, "w")) {
+      std::fputs(json.c_str(), out);
+      std::fclose(out);
+    }
   }
 
   /// The rank serving the store ends last among those that saw a stuck peer: its exit takes the

@@ -353,7 +353,7 @@ std::string pickle_mutation(const Seed& seed, Rng& rng) {
     } break;
     case 5: p.insert(op, hostile_value(rng)); break;  // hostile value in the middle
     case 6:  // hostile value as the value of a well-formed dict
-      p = std::string("\x80\x02}(X\x01\x00\x00\x00k", 12) + hostile_value(rng) + "u.";
+      p = std::string("\x80\x02}(X\x01\x00\x00\x00k", 10) + hostile_value(rng) + "u.";
       break;
     default: {  // byte-level, inside the pickle
       Bytes b(p.begin(), p.end());

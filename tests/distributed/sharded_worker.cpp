@@ -364,18 +364,19 @@ void memory_table() {
   check(ddp.parameters == 4 * P && ddp.optimizer == 8 * P, "DDP: whole parameters and AdamW state");
   check(ddp.gradients == 8 * P, "DDP: the gradients and the buckets' copy: " + std::to_string(ddp.gradients));
   const double padding = 1.0 + 1e-3;  // alignment and padding: a few elements per parameter and bucket
+  auto d = [](std::int64_t bytes) { return static_cast<double>(bytes); };  // byte counts are far below 2^53
   for (int i = 1; i < 4; ++i)
-    check(rows[i].second.optimizer <= ddp.optimizer / world * padding,
+    check(d(rows[i].second.optimizer) <= d(ddp.optimizer / world) * padding,
           rows[i].first + ": optimizer state 1/" + std::to_string(world) + " of DDP's: " +
               std::to_string(rows[i].second.optimizer));
-  check(rows[1].second.gradients <= ddp.gradients + 4 * P / world * padding,
+  check(d(rows[1].second.gradients) <= d(ddp.gradients) + d(4 * P / world) * padding,
         "stage 1: DDP's gradients and its shard's: " + std::to_string(rows[1].second.gradients));
   // Stage 2: the shard and two staging buffers, each one bucket: at most bucket_bytes, or the
   // largest parameter (4 MiB) where it is larger; the defaults' first bucket is small.
   const std::int64_t shard = 4 * P / world;
-  check(rows[2].second.gradients <= (shard + (1 << 20) + 4 * P) * padding,
+  check(d(rows[2].second.gradients) <= d(shard + (1 << 20) + 4 * P) * padding,
         "stage 2, 25 MiB buckets: the shard, a 1 MiB bucket and the rest: " + std::to_string(rows[2].second.gradients));
-  check(rows[3].second.gradients <= (shard + 2 * (std::int64_t{4} << 20)) * padding,
+  check(d(rows[3].second.gradients) <= d(shard + 2 * (std::int64_t{4} << 20)) * padding,
         "stage 2, 2 MiB buckets: the shard and two staging buffers of 4 MiB at most: " +
             std::to_string(rows[3].second.gradients));
   check(rows[2].second.gradients < ddp.gradients && rows[3].second.gradients < ddp.gradients / 2,
@@ -383,11 +384,11 @@ void memory_table() {
   // Stage 3: 1/N of the weights at rest; during a step the root (nothing here) and one layer (4 MiB)
   // whole at a time; gradients as stage 2's with one unit (a layer) per bucket.
   const Bytes& s3 = rows[4].second;
-  check(s3.parameters <= 4 * P / world * padding, "stage 3: 1/N of the weights at rest: " + std::to_string(s3.parameters));
-  check(s3.whole_during_step <= 4 * (1024 * 1024 + 1024) * padding,
+  check(d(s3.parameters) <= d(4 * P / world) * padding, "stage 3: 1/N of the weights at rest: " + std::to_string(s3.parameters));
+  check(d(s3.whole_during_step) <= 4 * (1024 * 1024 + 1024) * padding,
         "stage 3: one layer whole at a time: " + std::to_string(s3.whole_during_step));
-  check(s3.optimizer <= ddp.optimizer / world * padding, "stage 3: optimizer state 1/N");
-  check(s3.gradients <= shard * padding + 2 * 4 * (1024 * 1024 + 1024 + 64),
+  check(d(s3.optimizer) <= d(ddp.optimizer / world) * padding, "stage 3: optimizer state 1/N");
+  check(d(s3.gradients) <= d(shard) * padding + 2 * 4 * (1024 * 1024 + 1024 + 64),
         "stage 3: the gradient shard and two staging buffers of a layer: " + std::to_string(s3.gradients));
   if (my_rank == 0) {
     auto mib = [](std::int64_t b) { return std::to_string(static_cast<double>(b) / (1 << 20)).substr(0, 5); };

@@ -4,12 +4,20 @@
 # skip: rank 1 skips a barrier. Ranks 0 and 2 must stop with rank 1 named and where it is, the run
 # must end non-zero within the timeout and a few seconds, and the launcher must name rank 1 as the
 # cause (not the rank that reported it).
+#   stuck.sh WORKER MODE                   under fulgur's launcher
+#   stuck.sh WORKER MODE TORCHRUN PORT     under torchrun: its summary's root cause must name rank 1
 set -u
 worker=$1
 mode=$2
+torchrun=${3:-}
 log=$(mktemp)
 start=$SECONDS
-env OMP_NUM_THREADS=1 FULGUR_TEST_TIMEOUT_MS=10000 "$worker" stuck "$mode" >"$log" 2>&1
+if [ -n "$torchrun" ]; then
+  env OMP_NUM_THREADS=1 FULGUR_TEST_TIMEOUT_MS=10000 "$torchrun" --nproc-per-node=3 --master-port="$4" --no-python \
+    "$worker" stuck "$mode" >"$log" 2>&1
+else
+  env OMP_NUM_THREADS=1 FULGUR_TEST_TIMEOUT_MS=10000 "$worker" stuck "$mode" >"$log" 2>&1
+fi
 status=$?
 elapsed=$((SECONDS - start))
 cat "$log"
@@ -24,6 +32,12 @@ esac
 for r in 0 2; do
   grep -q "rank $r stopped: .* on rank $r of 3 .*$pattern" "$log" || fail "rank $r's error does not name rank 1 and where it is"
 done
-grep -q "fulgur launcher: the run failed: rank 1 stuck" "$log" || fail "the launcher does not name rank 1 as the cause"
+if [ -n "$torchrun" ]; then
+  # torchrun's summary: the first failure's error file (TORCHELASTIC_ERROR_FILE), not "Signal 6".
+  sed -n '/Root Cause (first observed failure)/,$p' "$log" | grep -q "traceback *: fulgur: .*$pattern" ||
+    fail "torchrun's root cause does not name rank 1 and where it is"
+else
+  grep -q "fulgur launcher: the run failed: rank 1 stuck" "$log" || fail "the launcher does not name rank 1 as the cause"
+fi
 rm -f "$log"
 echo "stuck rank named after ${elapsed}s"

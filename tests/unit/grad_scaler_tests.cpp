@@ -26,7 +26,7 @@ TEST_CASE("GradScaler follows torch.amp.GradScaler step for step (inf and NaN in
     opt.zero_grad();
     const std::string k = "step" + std::to_string(step);
     CHECK(scaler.get_scale() == g[k + ".scale"].item<double>());
-    CHECK(scaler.growth_tracker() == g[k + ".tracker"].item<double>());
+    CHECK(static_cast<double>(scaler.growth_tracker()) == g[k + ".tracker"].item<double>());
     CHECK(stepped == (g[k + ".stepped"].item<double>() == 1.0));
     CHECK(test::identical(a.detach(), g[k + ".a"]));
     CHECK(test::identical(b.detach(), g[k + ".b"]));

@@ -523,6 +523,31 @@ TEST_CASE("DefaultDeviceGuard: factories without a device go to the guard's devi
   CHECK(torch::zeros({1}).scalar_type() == at::kDouble);
 }
 
+TEST_CASE("on_exception after a failed validate: the loop's metrics are gone and log says so", "[loops][errors]") {
+  // Regression (ASan, stack-use-after-scope): the evaluation loop left the context pointing at its
+  // own metrics when an exception ended it; on_exception then wrote into the dead loop.
+  struct FailingImpl : test::ClassifierImpl {
+    at::Tensor validation_step(const data::Batch&, std::int64_t, StepContext& ctx) {
+      context = &ctx;
+      throw std::runtime_error("validation_step fails");
+    }
+    void on_exception(const std::exception&) {
+      try {
+        context->log("after_the_loop", 1.0);
+      } catch (const MisconfigurationError& e) {
+        refusal = e.what();
+      }
+    }
+    StepContext* context = nullptr;
+    std::string refusal;
+  };
+  auto model = std::make_shared<FailingImpl>();
+  data::TensorLoader loader(torch::randn({16, 4}), torch::zeros({16}, at::kLong), {.batch_size = 8});
+  CpuTrainer<FloatPrecision> trainer(test::quiet());
+  CHECK_THROWS(trainer.validate(model, loader));
+  CHECK(model->refusal == "You can't `log(\"after_the_loop\")` here: no loop is running.");
+}
+
 TEST_CASE("bad input in validate, test and predict names the step, the batch and the tensors", "[loops][errors]") {
   struct PredictorImpl : test::ClassifierImpl {
     at::Tensor predict_step(const data::Batch& b, std::int64_t) { return forward(b.input); }

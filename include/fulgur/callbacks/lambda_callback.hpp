@@ -55,7 +55,7 @@ class HookFunction {
 };
 
 struct LambdaCallback {
-#define FULGUR_DETAIL_LAMBDA_MEMBER(name, ...) HookFunction<TrainerView&, torch::nn::Module& __VA_OPT__(, ) __VA_ARGS__> name;
+#define FULGUR_DETAIL_LAMBDA_MEMBER(name, ...) HookFunction<TrainerView&, torch::nn::Module& __VA_OPT__(, ) __VA_ARGS__> name{};
   FULGUR_DETAIL_ERASED_HOOKS(FULGUR_DETAIL_LAMBDA_MEMBER)
 #undef FULGUR_DETAIL_LAMBDA_MEMBER
 };

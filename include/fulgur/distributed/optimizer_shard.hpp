@@ -87,7 +87,7 @@ class OptimizerShard {
     at::Tensor shard_grad, send;   // its gradient, and its copy for the all-gather (in per-unit buffers)
     std::int64_t numel = 0;        // padded
     bool gathered = true;          // stage 3: `weights` holds every rank's chunk (else its storage is freed)
-    std::vector<std::uint32_t> versions;  // stage 3: each parameter's version counter when gathered
+    std::vector<std::int64_t> versions;   // stage 3: each parameter's version counter when gathered
   };
 
   /// The optimizer must hold no state yet (LibTorch's Adagrad, which creates its state up front,

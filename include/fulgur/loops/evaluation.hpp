@@ -94,7 +94,9 @@ class EvaluationLoop {
     else
       no_grad.emplace();
     StepContext& ctx = hook_.ctx();
-    const ContextState saved{ctx.metrics(), ctx.batch_idx, ctx.sanity_checking};
+    // Restored however run ends: an exception must not leave ctx pointing at this loop's metrics,
+    // which may be gone when on_exception runs (found by ASan).
+    const RestoreContext restore{ctx, {ctx.metrics(), ctx.batch_idx, ctx.sanity_checking}};
     metrics_.reset();
     metrics_.set_device(fabric_.device());
     metrics_.set_views(mode == EvaluationMode::sanity_check ? nullptr : &views_);  // the sanity check publishes nothing
@@ -119,9 +121,6 @@ class EvaluationLoop {
     EvaluationResult result = finish_epoch(mode);
     hook_(Kind::end);
     hook_.call_or(Kind::model_train, [&] { modes.restore(); });
-    ctx.attach(saved.metrics);
-    ctx.batch_idx = saved.batch_idx;
-    ctx.sanity_checking = saved.sanity_checking;
     return result;
   }
 
@@ -130,6 +129,15 @@ class EvaluationLoop {
     detail::MetricCollection* metrics;
     std::int64_t batch_idx;
     bool sanity_checking;
+  };
+  struct RestoreContext {
+    StepContext& ctx;
+    ContextState saved;
+    ~RestoreContext() {
+      ctx.attach(saved.metrics);
+      ctx.batch_idx = saved.batch_idx;
+      ctx.sanity_checking = saved.sanity_checking;
+    }
   };
 
   std::int64_t run_batches(std::int64_t max_batches) {

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Quality gates beyond the test suite (docs/development.md says what each covers and why):
+#
+#   scripts/check.sh asan    ASan + UBSan build (build-asan/): unit, checkpoint and distributed tests
+#   scripts/check.sh tsan    TSan build (build-tsan/): DDP, sharded, launcher and fault tests on 2 ranks
+#   scripts/check.sh clang   clang build (build-clang/): library, tests and compile-fail suite
+#   scripts/check.sh tidy    clang-tidy (.clang-tidy) over src/ and include/, via build/'s compile commands
+#   scripts/check.sh all     the four, in that order
+#
+# Extra arguments go to ctest (e.g. -R 'sharded' to narrow a sanitizer run).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+jobs="${FULGUR_JOBS:-$(nproc)}"
+supp="$root/scripts/sanitizers"
+
+usage() { sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -ge 1 ]] || usage
+job="$1"; shift
+bash "$root/scripts/setup.sh"
+
+# configure_and_build DIR TARGETS... -- CMAKE_ARGS...
+configure_and_build() {
+  local dir="$1"; shift
+  local targets=()
+  while [[ $# -gt 0 && "$1" != "--" ]]; do targets+=("$1"); shift; done
+  shift
+  cmake -S "$root" -B "$dir" -G Ninja -DFULGUR_BUILD_BENCH=OFF -DFULGUR_BUILD_EXAMPLES=OFF "$@"
+  cmake --build "$dir" -j "$jobs" ${targets[@]+--target "${targets[@]}"}
+}
+
+# The test binaries a sanitizer run needs (not the compile-fail twins or the package consumers).
+sanitized_targets=(fulgur_concept_tests fulgur_unit_tests ddp_worker sharded_worker fulgur_checkpoint_io_tests fulgur_checkpoint_fuzz
+                   fulgur_interrupt_probe fulgur_event_file_writer)
+
+run_asan() {
+  local dir="$root/build-asan"
+  configure_and_build "$dir" "${sanitized_targets[@]}" -- -DCMAKE_BUILD_TYPE=Debug "-DFULGUR_SANITIZE=address;undefined"
+  # ASan stops at the first error, UBSan too (-fno-sanitize-recover); LSan checks every process at exit.
+  export ASAN_OPTIONS="detect_leaks=1:strict_init_order=1:detect_stack_use_after_return=1"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp"
+  export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -E '^(compile_fail|package|docs|gpu)\.' "$@"
+}
+
+run_tsan() {
+  local dir="$root/build-tsan"
+  configure_and_build "$dir" fulgur_unit_tests ddp_worker sharded_worker -- -DCMAKE_BUILD_TYPE=Debug -DFULGUR_SANITIZE=thread
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
+  # The threads fulgur runs: the DDP reducer's hooks and its Gloo work, the store heartbeat and the
+  # stuck-rank diagnosis, the launcher's signal forwarding and its workers' reaping.
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" \
+    -R '^(unit\..*DDP|distributed\.(torchrun|fault|launcher)\.|distributed\.sharded\..*ranks2$)' "$@"
+}
+
+run_clang() {
+  local dir="$root/build-clang"
+  CXX=clang++ configure_and_build "$dir" -- -DCMAKE_BUILD_TYPE=Release
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -E '^(package|bench|example)\.' "$@"
+}
+
+run_tidy() {
+  local dir="$root/build"
+  [[ -f "$dir/compile_commands.json" ]] || cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  local sources
+  mapfile -t sources < <(cd "$root" && git ls-files 'src/*.cpp' | grep -v '^src/distributed/gloo_declarations/')
+  # clang-tidy reads .clang-tidy; its HeaderFilterRegex brings include/fulgur into every source's report.
+  (cd "$root" && printf '%s\n' "${sources[@]}" |
+     xargs -P "$jobs" -n 1 clang-tidy -p "$dir" --quiet --warnings-as-errors='*' --extra-arg=-Wno-unknown-warning-option)
+  echo "clang-tidy: ${#sources[@]} sources (and the headers they include) clean"
+}
+
+case "$job" in
+  asan) run_asan "$@" ;;
+  tsan) run_tsan "$@" ;;
+  clang) run_clang "$@" ;;
+  tidy) run_tidy ;;
+  all) run_tidy; run_asan "$@"; run_tsan "$@"; run_clang "$@" ;;
+  *) usage ;;
+esac
