@@ -13,6 +13,9 @@ TENSORBOARD_VERSION=2.21.0  # the logger tests read fulgur's event files with it
 MATPLOTLIB_VERSION=3.11.2   # bench/compare/compare.py's plots
 
 debs=(libboost-dev catch2 libbenchmark-dev ccache python3-venv ninja-build iproute2 procps clang-16)
+# scripts/check.sh adds what its gates need beyond the test suite (clang-tidy-16).
+read -r -a extra_debs <<< "${FULGUR_EXTRA_DEBS:-}"
+debs+=(${extra_debs[@]+"${extra_debs[@]}"})
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
