@@ -136,7 +136,7 @@ struct ProcessGroup::Impl {
   /// another collective — or an empty string when it cannot be told.
   struct Diagnosis {
     std::string text;
-    std::string stuck;  ///< "1" or "1, 2": the live ranks behind or in another collective
+    std::vector<int> stuck;  ///< the live ranks behind or in another collective
   };
   Diagnosis diagnose(const char* op, std::uint64_t number) const {
     if (size == 1) return {};
@@ -152,7 +152,8 @@ struct ProcessGroup::Impl {
     const PeerPosition mine = own_position();
     const std::string failed_op = op;
     std::thread([probe, store_ref, self, world, mine, failed_op, number] {
-      std::string text, stuck;
+      std::string text;
+      std::vector<int> stuck;
       try {
         std::vector<std::int64_t> before(static_cast<std::size_t>(world));
         for (int r = 0; r < world; ++r) before[static_cast<std::size_t>(r)] = store_ref->add(alive_key(r), 0);
@@ -174,13 +175,12 @@ struct ProcessGroup::Impl {
             const auto bytes = store_ref->get(position_key(r));
             const PeerPosition peer = decode(std::string(bytes.begin(), bytes.end()));
             const std::string who = "rank " + std::to_string(r);
-            if (peer.collectives < number || peer.collectives > number || peer.op != failed_op)
-              stuck += (stuck.empty() ? "" : ", ") + std::to_string(r);
+            if (peer.collectives != number || peer.op != failed_op) stuck.push_back(r);
             if (peer.collectives < number)
               text += (text.empty() ? "" : "; ") + who + " is alive but has not reached it: its last collective is " +
                       (peer.collectives == 0 ? std::string("none") : peer.op + " #" + std::to_string(peer.collectives)) +
                       ", its last position " + peer.loop;
-            else if (peer.collectives > number || peer.op != failed_op)
+            else if (peer.collectives != number || peer.op != failed_op)
               text += (text.empty() ? "" : "; ") + who + " is in " + peer.op + " #" + std::to_string(peer.collectives) +
                       ", not " + where + ": the ranks called different collectives (mismatched order) — rank " +
                       std::to_string(self) + " at " + mine.loop + ", " + who + " at " + peer.loop;
@@ -207,7 +207,7 @@ struct ProcessGroup::Impl {
                              std::to_string(rank) + " of " + std::to_string(size) + " failed: ";
     if (!stuck.empty()) {
       report_stuck(stuck, found);
-      let_peers_diagnose(static_cast<int>(std::count(stuck.begin(), stuck.end(), ',')) + 1);
+      let_peers_diagnose(static_cast<int>(stuck.size()));
     }
     std::string message = head +
                           (found.empty() ? "a peer process probably ended (crashed, was killed, or raised an error)"
@@ -263,11 +263,13 @@ struct ProcessGroup::Impl {
 
   /// For the built-in launcher, in the file it named: which ranks are stuck (the cause, not this
   /// rank, which only saw it), then why.
-  void report_stuck(const std::string& stuck, const std::string& why) const {
+  void report_stuck(const std::vector<int>& stuck, const std::string& why) const {
     const char* file = std::getenv("FULGUR_FAILURE_REPORT");
     if (file == nullptr || *file == '\0') return;
+    std::string ranks;  // "1" or "1, 2": the launcher's first line
+    for (const int r : stuck) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     if (std::FILE* out = std::fopen(file, "w")) {
-      std::fprintf(out, "%s\nrank %d reported: %s\n", stuck.c_str(), rank, why.c_str());
+      std::fprintf(out, "%s\nrank %d reported: %s\n", ranks.c_str(), rank, why.c_str());
       std::fclose(out);
     }
   }
