@@ -1,8 +1,10 @@
-# cmake -DCOMMANDS=compile_commands.json -DTARGET=name -DCLANG=clang++ -DMODE=fail|twin [-DEXPECT=text]
-#       -P FulgurClangCompileFail.cmake
+# cmake -DCOMMANDS=compile_commands.json -DTARGET=name -DCLANG=clang++ -DMODE=fail|twin|pch
+#       [-DEXPECT=text] [-DPCH=file] -P FulgurClangCompileFail.cmake
 # Compiles TARGET's source with clang (-fsyntax-only) using the flags CMake gave the g++ build,
 # read from compile_commands.json. fail: there must be exactly one error, containing EXPECT;
-# twin: there must be none.
+# twin: there must be none. The g++ build includes the unit tests' precompiled header, which clang
+# cannot read: mode pch makes clang's own from the same header and flags (once, a ctest fixture),
+# and fail and twin use it where the g++ command includes the header.
 file(READ "${COMMANDS}" json)
 string(JSON count LENGTH "${json}")
 math(EXPR last "${count} - 1")
@@ -23,6 +25,8 @@ separate_arguments(words UNIX_COMMAND "${command}")
 set(args "")
 set(skip_next FALSE)
 set(seen_flag FALSE)
+set(include_next FALSE)
+set(pch_header "")
 foreach(word IN LISTS words)
   if(skip_next)
     set(skip_next FALSE)
@@ -31,6 +35,18 @@ foreach(word IN LISTS words)
   elseif(word STREQUAL "-o" OR word STREQUAL "-MF" OR word STREQUAL "-MT")
     set(skip_next TRUE)
     set(seen_flag TRUE)
+  elseif(word STREQUAL "-include")
+    set(include_next TRUE)
+    set(seen_flag TRUE)
+  elseif(include_next)
+    set(include_next FALSE)
+    if(word MATCHES "cmake_pch\\.hxx$")
+      set(pch_header "${word}")
+    else()
+      list(APPEND args -include "${word}")
+    endif()
+  elseif(MODE STREQUAL "pch" AND word MATCHES "^-DFULGUR_(COMPILE_FAIL|RULE_)|\\.cpp$")
+    # the case's own macros and source: the header is made once for all cases
   elseif(word STREQUAL "-c" OR word MATCHES "^-MD$|^-MMD$|^-Wno-stringop-overread$|^-Winvalid-pch$|^-Werror$")
     set(seen_flag TRUE)
   else()
@@ -38,6 +54,22 @@ foreach(word IN LISTS words)
     list(APPEND args "${word}")
   endif()
 endforeach()
+if(MODE STREQUAL "pch")
+  if(NOT pch_header)  # a build without precompiled headers (CMAKE_DISABLE_PRECOMPILE_HEADERS)
+    message(STATUS "${TARGET} is compiled without a precompiled header: clang needs none either")
+    return()
+  endif()
+  execute_process(COMMAND "${CLANG}" -x c++-header -Wno-unknown-warning-option ${args} "${pch_header}" -o "${PCH}"
+    WORKING_DIRECTORY "${directory}" RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output)
+  if(NOT result EQUAL 0)
+    message(FATAL_ERROR "${CLANG} could not precompile ${pch_header}:\n${output}")
+  endif()
+  message(STATUS "${CLANG} precompiled ${pch_header} into ${PCH}")
+  return()
+endif()
+if(pch_header)
+  list(PREPEND args -include-pch "${PCH}")
+endif()
 execute_process(COMMAND "${CLANG}" -fsyntax-only -Wno-unknown-warning-option ${args}
   WORKING_DIRECTORY "${directory}" RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output)
 string(REGEX MATCHALL "error: " errors "${output}")

@@ -7,6 +7,8 @@
 # Where a clang++ is installed (FULGUR_CLANG_CXX), two more check the same under clang:
 #   compile_fail.NAME.clang and compile_fail.NAME.twin.clang (syntax only, the g++ build's flags
 #   less -Werror: clang's own warnings are the clang build's business, scripts/check.sh clang).
+# The cases that include LibTorch reuse the unit tests' precompiled header (clang: its own, made
+# by the fixture test compile_fail.clang_pch), so LibTorch is parsed once rather than per case.
 # Targets are EXCLUDE_FROM_ALL, so `cmake --build` of the project never trips on them.
 find_program(FULGUR_CLANG_CXX NAMES clang++-16 clang++-15 clang++)
 function(fulgur_compile_fail_test name source)
@@ -19,6 +21,7 @@ function(fulgur_compile_fail_test name source)
       target_link_libraries(${target} PRIVATE fulgur::concepts)
     else()
       target_link_libraries(${target} PRIVATE fulgur::fulgur)
+      fulgur_reuse_test_pch(${target})  # tests/CMakeLists.txt: LibTorch parsed once, not 40 times
     endif()
   endforeach()
   # The failing build counts errors: a warning made an error would be counted with the rule's.
@@ -37,6 +40,17 @@ function(fulgur_compile_fail_test name source)
   # Builds in one build tree must not run at the same time as each other.
   set_tests_properties(compile_fail.${name} compile_fail.${name}.twin PROPERTIES RESOURCE_LOCK build_tree LABELS compile_fail)
   if(FULGUR_CLANG_CXX)
+    set(clang_pch "${CMAKE_BINARY_DIR}/compile_fail_clang.pch")
+    get_property(clang_pch_test GLOBAL PROPERTY FULGUR_CLANG_PCH_TEST)
+    if(NOT ARG_TORCH_FREE AND NOT clang_pch_test)
+      # clang's own PCH of the header the g++ cases share, made once before the torch cases run.
+      add_test(NAME compile_fail.clang_pch
+        COMMAND ${CMAKE_COMMAND} -DCOMMANDS=${CMAKE_BINARY_DIR}/compile_commands.json -DTARGET=${twin_target}
+                -DCLANG=${FULGUR_CLANG_CXX} -DMODE=pch -DPCH=${clang_pch}
+                -P ${PROJECT_SOURCE_DIR}/cmake/FulgurClangCompileFail.cmake)
+      set_tests_properties(compile_fail.clang_pch PROPERTIES FIXTURES_SETUP clang_pch LABELS "compile_fail;clang")
+      set_property(GLOBAL PROPERTY FULGUR_CLANG_PCH_TEST TRUE)
+    endif()
     foreach(mode fail twin)
       set(target ${fail_target})
       set(test_name compile_fail.${name}.clang)
@@ -46,9 +60,12 @@ function(fulgur_compile_fail_test name source)
       endif()
       add_test(NAME ${test_name}
         COMMAND ${CMAKE_COMMAND} -DCOMMANDS=${CMAKE_BINARY_DIR}/compile_commands.json -DTARGET=${target}
-                -DCLANG=${FULGUR_CLANG_CXX} -DMODE=${mode} "-DEXPECT=${ARG_EXPECT}"
+                -DCLANG=${FULGUR_CLANG_CXX} -DMODE=${mode} "-DEXPECT=${ARG_EXPECT}" -DPCH=${clang_pch}
                 -P ${PROJECT_SOURCE_DIR}/cmake/FulgurClangCompileFail.cmake)
       set_tests_properties(${test_name} PROPERTIES LABELS "compile_fail;clang")
+      if(NOT ARG_TORCH_FREE)
+        set_tests_properties(${test_name} PROPERTIES FIXTURES_REQUIRED clang_pch)
+      endif()
     endforeach()
   endif()
 endfunction()

@@ -1,8 +1,10 @@
-// Catch's runner for the checkpoint I/O tests. A test that cannot make the condition it checks
-// (no way to make a read-only folder as root, no tmpfs to fill) calls skip(): a warning says why,
-// and the run exits with 77, which ctest reports as skipped rather than passed.
-#define CATCH_CONFIG_RUNNER
+// The main of the checkpoint I/O tests (Catch itself: tests/catch_implementation.cpp). A test that
+// cannot make the condition it checks (no way to make a read-only folder as root, no tmpfs to
+// fill) calls skip(): a warning says why, and the run exits with 77, which ctest reports as
+// skipped rather than passed.
 #include <catch2/catch.hpp>
+
+#include "catch_session.hpp"
 
 #include <string>
 
@@ -17,7 +19,7 @@ void skip(const std::string& why) {
 }  // namespace checkpoint_tests
 
 int main(int argc, char* argv[]) {
-  const int failures = Catch::Session().run(argc, argv);
+  const int failures = fulgur_tests::run_catch_session(argc, argv);
   if (failures == 0 && checkpoint_tests::skipped) return 77;
   return failures;
 }

@@ -1,7 +1,6 @@
 // GPU tests: without a CUDA device this program says so and exits 77, which ctest reports as
 // "skipped" (SKIP_RETURN_CODE) — never as passed.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "catch_session.hpp"
 
 #include "fulgur/accelerators/cuda.hpp"
 
@@ -12,5 +11,5 @@ int main(int argc, char** argv) {
     std::cout << "SKIPPED: no CUDA device on this machine; the CUDA tests run where one is present.\n";
     return 77;
   }
-  return Catch::Session().run(argc, argv);
+  return fulgur_tests::run_catch_session(argc, argv);
 }
