@@ -573,7 +573,7 @@ class PickleCheck {
     if (sub == kNone) {
       sub = new_container().index;
       (list ? containers_[target.index].list : containers_[target.index].items) = sub;
-      edges_.push_back({target.index, sub});
+      edges_.emplace_back(target.index, sub);
     }
     return {Kind::Container, sub};
   }
@@ -581,7 +581,7 @@ class PickleCheck {
   void add(Slot target, std::size_t from) {
     if (target.kind != Kind::Container) fail("adds items to something that is not a list or dictionary");
     for (std::size_t i = from; i < stack_.size(); ++i)
-      if (stack_[i].kind == Kind::Container) edges_.push_back({target.index, stack_[i].index});
+      if (stack_[i].kind == Kind::Container) edges_.emplace_back(target.index, stack_[i].index);
   }
   void tuple(std::size_t from) {
     const Slot t = new_container();
@@ -596,7 +596,7 @@ class PickleCheck {
   /// A Python object made from `argument` (its "args").
   Slot object(Slot argument) {
     const Slot o = new_container(Shape::Object);
-    if (argument.kind == Kind::Container) edges_.push_back({o.index, argument.index});
+    if (argument.kind == Kind::Container) edges_.emplace_back(o.index, argument.index);
     return o;
   }
   std::string line() {  // a GLOBAL's module or name: a Python identifier ended by '\n'
@@ -644,7 +644,7 @@ class PickleCheck {
     if (target.kind != Kind::Container || containers_[target.index].shape == Shape::Plain)
       fail("sets the state of something that is not a Python object");
     if (containers_[target.index].shape == Shape::Object && state.kind == Kind::Container)
-      edges_.push_back({target.index, state.index});
+      edges_.emplace_back(target.index, state.index);
   }
   void integer(std::int64_t v) { stack_.push_back({Kind::Int, 0, v}); }
   /// ('storage', element type, key, location, count) -> a storage. An element type given as a number
@@ -1082,7 +1082,7 @@ class PickleReader {
     };
     switch (g->kind) {
       case GlobalKind::Tensor: case GlobalKind::TensorV3: case GlobalKind::QTensor:
-        stack_.push_back(tensor(g->kind, argument));
+        stack_.emplace_back(tensor(g->kind, argument));
         break;
       case GlobalKind::TensorFromType: {  // (rebuild, class, args, state): the tensor, without its class and attributes
         const auto e = elements(3, "holds a tensor subclass that cannot be rebuilt");
@@ -1090,7 +1090,7 @@ class PickleReader {
         if (rebuild == nullptr || !(rebuild->kind == GlobalKind::Tensor || rebuild->kind == GlobalKind::TensorV3 ||
                                     rebuild->kind == GlobalKind::QTensor))
           fail("holds a tensor subclass that cannot be rebuilt");
-        stack_.push_back(tensor(rebuild->kind, e[2]));
+        stack_.emplace_back(tensor(rebuild->kind, e[2]));
       } break;
       case GlobalKind::Parameter: {
         const auto e = elements(1, "rebuilds a Parameter from nothing");
@@ -1214,8 +1214,10 @@ class PickleReader {
       const std::int64_t axis = q[3].toInt();
       check_(scales, "a quantized tensor's scales");
       check_(zero_points, "a quantized tensor's zero points");
-      if (axis < 0 || axis >= static_cast<std::int64_t>(sizes.size()) || scales.dim() != 1 || zero_points.dim() != 1 ||
-          scales.numel() != sizes[axis] || zero_points.numel() != sizes[axis])
+      const bool axis_in_range = axis >= 0 && axis < static_cast<std::int64_t>(sizes.size());
+      if (!axis_in_range || scales.dim() != 1 || zero_points.dim() != 1 ||
+          scales.numel() != sizes[static_cast<std::size_t>(axis)] ||
+          zero_points.numel() != sizes[static_cast<std::size_t>(axis)])
         fail("holds per-channel quantization parameters that do not match the tensor's shape");
       return at::_empty_per_channel_affine_quantized({0}, scales, zero_points, axis, options);
     }
@@ -1467,7 +1469,10 @@ StateDict load(const std::string& path, const LoadOptions& options) {
     throw CheckpointError("fulgur: checkpoint '" + path + "' is " + (folder ? "a directory" : "not a regular file") +
                           "; pass the checkpoint file itself (e.g. '" + path + "/last.ckpt').");
   }
-  const std::uint64_t memory = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);  // -1 if unknown
+  const std::uint64_t memory = pages > 0 && page_size > 0
+                                   ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_size)
+                                   : std::numeric_limits<std::uint64_t>::max();
   std::vector<char> bytes;
   try {
     if (static_cast<std::uint64_t>(info.st_size) > memory) throw std::bad_alloc();
@@ -1685,7 +1690,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDi
   if (!state.contains("archive") || !state.at("archive").isTensor())
     throw Error("fulgur: the optimizer state has no 'archive' entry; pass a state from optimizer_state_dict().");
   const at::Tensor bytes = state.at("archive").toTensor().contiguous();
-  std::istringstream stream(std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel()));
+  std::istringstream stream(std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel())));
   torch::serialize::InputArchive archive;
   archive.load_from(stream);
   optimizer.load(archive);

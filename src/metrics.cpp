@@ -33,6 +33,7 @@ std::optional<double> TensorMap::item(std::string_view name) const {
 
 std::vector<std::string> TensorMap::names() const {
   std::vector<std::string> out;
+  out.reserve(items_.size());
   for (const auto& item : items_) out.push_back(item.first);
   return out;
 }
@@ -45,6 +46,7 @@ Metrics TensorMap::to_host() const {
 
 std::vector<std::pair<std::string, double>> TensorMap::to_host_in_order() const {
   std::vector<std::pair<std::string, double>> out;
+  out.reserve(items_.size());
   for (const auto& [key, tensor] : items_) out.emplace_back(key, tensor.item<double>());
   return out;
 }

@@ -78,19 +78,20 @@ struct OptimizerConfig {
 
 namespace detail {
 
-/// configure_optimizers' result as a list of OptimizerConfig.
+/// configure_optimizers' result as a list of OptimizerConfig (a value: fit refuses a reference).
 template <class R>
 std::vector<OptimizerConfig> to_optimizer_configs(R&& returned) {
+  static_assert(!std::is_lvalue_reference_v<R>, "fulgur: configure_optimizers' result is taken over, not copied");
   using T = std::remove_cvref_t<R>;
   std::vector<OptimizerConfig> configs;
   if constexpr (std::is_same_v<T, std::vector<OptimizerConfig>>) {
-    configs = std::move(returned);
+    configs = std::forward<R>(returned);
   } else if constexpr (std::is_same_v<T, OptimizerConfig>) {
-    configs.push_back(std::move(returned));
+    configs.push_back(std::forward<R>(returned));
   } else if constexpr (requires { returned.optimizer; }) {
-    configs.push_back(OptimizerConfig{std::move(returned.optimizer)});
+    configs.push_back(OptimizerConfig{std::forward<R>(returned).optimizer});
   } else {
-    configs.push_back(OptimizerConfig{std::move(returned)});
+    configs.push_back(OptimizerConfig{std::forward<R>(returned)});
   }
   return configs;
 }

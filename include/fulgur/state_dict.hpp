@@ -14,7 +14,7 @@ class StateDict {
  public:
   StateDict() : dict_(c10::StringType::get(), c10::AnyType::get()) {}
   /// From a dictionary IValue with string keys (e.g. what torch::pickle_load returns).
-  explicit StateDict(c10::impl::GenericDict dict) : dict_(std::move(dict)) {}
+  explicit StateDict(const c10::impl::GenericDict& dict) : dict_(dict) {}  // a handle: copying it shares the dictionary
 
   /// Inserts or replaces; keeps the first insertion's position.
   void insert(const std::string& key, c10::IValue value) { dict_.insert_or_assign(c10::IValue(key), std::move(value)); }

@@ -73,9 +73,8 @@ struct strategy_options<S> {
 /// The object behind a std::shared_ptr/unique_ptr, a TORCH_MODULE holder, or a plain reference.
 template <class T>
 decltype(auto) referent(T& object) {
-  if constexpr (requires { object.ptr(); *object; })  // torch::nn::ModuleHolder
-    return *object;
-  else if constexpr (requires { object.get(); *object; })  // smart pointer
+  if constexpr (requires { object.ptr(); *object; } ||  // torch::nn::ModuleHolder
+                requires { object.get(); *object; })     // smart pointer
     return *object;
   else
     return (object);
@@ -465,6 +464,11 @@ class Trainer {
   FitResult run_fit(M& module, TrainData& train_data, ValData& val_data, FitOptions options) {
     using Module = std::remove_cvref_t<M>;
     using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(train_data))>>;
+    constexpr bool owns_optimizers = !detail::configure_optimizers_returns_reference<Module>;
+    static_assert(owns_optimizers,
+                  "fulgur: configure_optimizers() returns a reference; return the optimizer by value (a "
+                  "std::unique_ptr<Optimizer>, an OptimizerConfig or a vector of them): fit takes ownership (callbacks "
+                  "see the optimizers as trainer.optimizers(), a manual training_step as ctx.optimizers()).");
     constexpr bool trainable = training_module<Module, Batch>;
     static_assert(trainable,
                   "fulgur: the module must derive from torch::nn::Module and define "
@@ -484,7 +488,7 @@ class Trainer {
     }();
     static_assert(validates, "fulgur: validation data was given but the module has no validation_step(batch, "
                              "batch_idx); add one, or call fit without validation data.");
-    if constexpr (trainable && validates) {
+    if constexpr (owns_optimizers && trainable && validates) {
       // One path from the root: "last" and "hpc" found, a relative path under default_root_dir.
       if (options.ckpt_path == "last") options.ckpt_path = last_checkpoint();
       else options.ckpt_path = preemption_checkpoint(options.ckpt_path);
@@ -575,8 +579,8 @@ class Trainer {
         }
         if constexpr (requires { item.options().save_dir; item.name(); }) {
           const std::string& save_dir = item.options().save_dir;  // as the logger takes it
-          const std::string logs = (save_dir.empty() ? config_.default_root_dir : save_dir) +
-                                   (item.name().empty() ? "" : "/" + std::string(item.name()));
+          std::string logs = save_dir.empty() ? config_.default_root_dir : save_dir;
+          if (!item.name().empty()) logs.append("/").append(item.name());
           for (const std::string& version : detail::subdirectories(logs))
             folders.push_back(detail::absolute_path(logs + "/" + version + "/checkpoints"));
         }
@@ -645,9 +649,9 @@ class Trainer<A, S, P, Callbacks...> {
   using accelerator_type = A;
   using strategy_type = S;
   using precision_type = P;
-  explicit Trainer(TrainerConfig = {}, typename detail::strategy_options<S>::type = {}) {}
+  explicit Trainer(const TrainerConfig& = {}, const typename detail::strategy_options<S>::type& = {}) {}
   template <class... T>
-  Trainer(TrainerConfig, T&&...) {}
+  Trainer(const TrainerConfig&, T&&...) {}
   template <class... T> FitResult fit(T&&...) { return {}; }
   template <class... T> EvaluationResult validate(T&&...) { return {}; }
   template <class... T> EvaluationResult test(T&&...) { return {}; }

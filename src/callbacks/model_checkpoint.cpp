@@ -63,7 +63,7 @@ std::string ModelCheckpoint::state_key() const {
   return "ModelCheckpoint{'monitor': " + (options_.monitor.empty() ? std::string("None") : "'" + options_.monitor + "'") +
          ", 'mode': '" + (options_.mode == MonitorMode::min ? "min" : "max") +
          "', 'every_n_train_steps': " + std::to_string(options_.every_n_train_steps) +
-         ", 'every_n_epochs': " + std::to_string(*options_.every_n_epochs) + ", 'train_time_interval': " + interval + "}";
+         ", 'every_n_epochs': " + std::to_string(options_.every_n_epochs.value_or(0)) + ", 'train_time_interval': " + interval + "}";
 }
 
 void ModelCheckpoint::setup(TrainerView& trainer, Stage stage) {
@@ -105,14 +105,19 @@ void ModelCheckpoint::on_train_batch_end(TrainerView& trainer) {
   save(trainer);
 }
 
+bool ModelCheckpoint::epoch_due(const TrainerView& trainer) const {
+  const std::int64_t every = options_.every_n_epochs.value_or(0);  // the constructor resolved the default
+  return every >= 1 && (trainer.current_epoch() + 1) % every == 0;
+}
+
 void ModelCheckpoint::on_train_epoch_end(TrainerView& trainer) {
   if (skip(trainer) || !save_on_train_epoch_end(trainer)) return;
-  if (*options_.every_n_epochs >= 1 && (trainer.current_epoch() + 1) % *options_.every_n_epochs == 0) save(trainer);
+  if (epoch_due(trainer)) save(trainer);
 }
 
 void ModelCheckpoint::on_validation_end(TrainerView& trainer) {
   if (skip(trainer) || save_on_train_epoch_end(trainer)) return;
-  if (*options_.every_n_epochs >= 1 && (trainer.current_epoch() + 1) % *options_.every_n_epochs == 0) save(trainer);
+  if (epoch_due(trainer)) save(trainer);
 }
 
 void ModelCheckpoint::save(TrainerView& trainer) {

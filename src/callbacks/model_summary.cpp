@@ -74,7 +74,7 @@ std::string ModelSummaryTable::text() const {
     columns[1].push_back(layers[i].name);
     columns[2].push_back(layers[i].type);
     columns[3].push_back(human_readable_count(layers[i].parameters));
-    columns[4].push_back(layers[i].training ? "train" : "eval");
+    columns[4].emplace_back(layers[i].training ? "train" : "eval");
   }
   std::vector<std::size_t> widths;
   std::size_t total_width = 3 * (columns.size() + 1);  // Lightning's formula, index column included

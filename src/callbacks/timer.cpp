@@ -57,8 +57,8 @@ std::optional<double> Timer::time_remaining() const {
   return options_.duration->count() - time_elapsed(Phase::train);
 }
 
-void Timer::check(TrainerView& trainer) {
-  const bool up = trainer.reduce_boolean_decision(time_elapsed(Phase::train) >= options_.duration->count(), /*all=*/false);
+void Timer::check(TrainerView& trainer, double limit_seconds) {
+  const bool up = trainer.reduce_boolean_decision(time_elapsed(Phase::train) >= limit_seconds, /*all=*/false);
   if (!up) return;
   char text[96];
   std::snprintf(text, sizeof text, "Time limit reached. Elapsed time is %.1f s. Signaling Trainer to stop.",

@@ -144,6 +144,7 @@ std::vector<std::vector<std::string>> worker_environments(const LaunchPlan& plan
 void fork_workers(const LaunchPlan& plan, std::vector<std::vector<std::string>>& environments) {
   const std::vector<std::string> args = own_command_line();
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   std::vector<std::vector<char*>> envps(environments.size());

@@ -258,6 +258,7 @@ MaterializeStats materialize_meta(torch::nn::Module& root, c10::Device device, c
     stats.peak_bytes = std::max(stats.peak_bytes, open_bytes + stats.whole_bytes);
 
     std::vector<at::Tensor> kept;
+    kept.reserve(shared.size());
     for (const auto& [name, t] : shared) kept.push_back(t.clone());
     if (!init(module)) {
       const std::string path = item.key().empty() ? std::string("the root module") : "'" + item.key() + "'";

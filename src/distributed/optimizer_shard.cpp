@@ -309,7 +309,7 @@ void record_versions(OptimizerShard::Bucket& bucket) {
 
 void OptimizerShard::gather(Bucket& bucket, bool communicate) {
   if (bucket.gathered) return;
-  allocate_storage(bucket.weights, static_cast<std::size_t>(bucket.numel) * bucket.weights.element_size());
+  allocate_storage(bucket.weights, static_cast<std::size_t>(bucket.numel * bucket.weights.element_size()));
   bucket.gathered = true;
   record_versions(bucket);
   if (!communicate) {
@@ -394,6 +394,7 @@ void OptimizerShard::scatter_parameters() {
 
 std::vector<at::Tensor> OptimizerShard::shards() const {
   std::vector<at::Tensor> out;
+  out.reserve(buckets_.size());
   for (const Bucket* b : buckets_) out.push_back(b->shard);
   return out;
 }

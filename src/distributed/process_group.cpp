@@ -215,7 +215,7 @@ struct ProcessGroup::Impl {
                           "; this run cannot continue (rank " + std::to_string(rank) + " was at " +
                           fulgur::detail::loop_position().describe() + "). [" + reason + "]";
     report_to_torchrun(message);
-    throw DistributedError(std::move(message));
+    throw DistributedError(message);
   }
 
   /// torchrun gives each worker TORCHELASTIC_ERROR_FILE: the first failure's message there is its

@@ -67,7 +67,7 @@ GradientReducer::GradientReducer(ProcessGroup& group, std::vector<std::pair<std:
   std::size_t bucket_bytes = 0;
   for (std::size_t i = 0; i < state_->slots.size(); ++i) {
     auto& slot = state_->slots[i];
-    const std::size_t bytes = static_cast<std::size_t>(slot.param.numel()) * slot.param.element_size();
+    const std::size_t bytes = static_cast<std::size_t>(slot.param.numel() * slot.param.element_size());
     const std::size_t cap = state_->buckets.size() <= 1 ? options.first_bucket_bytes : options.bucket_bytes;
     const bool fits = !state_->buckets.empty() && bucket_bytes + bytes <= cap &&
                       state_->slots[state_->buckets.back().slots.front()].param.scalar_type() == slot.param.scalar_type() &&

@@ -28,6 +28,7 @@ std::unique_ptr<ParamState> map_fields(const std::vector<const ParamState*>& par
   auto out = std::make_unique<S>(static_cast<const S&>(*parts.front()));  // the step count and the rest as they are
   auto field = [&](auto get, auto set) {
     std::vector<at::Tensor> values;
+    values.reserve(parts.size());
     for (const ParamState* part : parts) values.push_back(get(static_cast<const S&>(*part)));
     if (values.front().defined()) set(*out, combine(values));
   };
@@ -183,7 +184,7 @@ void resolve_shard_files(StateDict& checkpoint, const std::string& folder) {
 }
 
 ShardedOptimizerState::ShardedOptimizerState(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& archives,
-                                             ShardLayout layout)
+                                             const ShardLayout& layout)
     : plan_(ShardPlan::of(optimizer, static_cast<int>(archives.size()), layout)) {
   const auto world = static_cast<std::int64_t>(archives.size());
   for (const auto& group : plan_.groups)
@@ -247,7 +248,8 @@ ShardedOptimizerState::ShardedOptimizerState(torch::optim::Optimizer& optimizer,
 ShardedOptimizerState::~ShardedOptimizerState() = default;
 ShardedOptimizerState::ShardedOptimizerState(ShardedOptimizerState&&) noexcept = default;
 
-ShardedOptimizerState ShardedOptimizerState::from_whole(const torch::optim::Optimizer& optimizer, ShardLayout layout) {
+ShardedOptimizerState ShardedOptimizerState::from_whole(const torch::optim::Optimizer& optimizer,
+                                                       const ShardLayout& layout) {
   ShardedOptimizerState out;
   out.plan_ = ShardPlan::of(optimizer, 1, layout);
   for (const auto& group : out.plan_.groups)

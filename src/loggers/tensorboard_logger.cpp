@@ -49,7 +49,7 @@ void TensorBoardLogger::log_hyperparams(const Hyperparameters& hparams) {
   if (!writer_rank_) return;
   loggers::detail::merge_hyperparameters(hparams_, hparams);
   std::vector<std::string> metric_tags;
-  if (tensorboard_.default_hp_metric) metric_tags.push_back("hp_metric");
+  if (tensorboard_.default_hp_metric) metric_tags.emplace_back("hp_metric");
   writer().add_hparams(hparams_, metric_tags, wall_time());
   if (tensorboard_.default_hp_metric) log_metrics({{"hp_metric", -1.0}}, 0);
   detail::make_directories(log_dir());

@@ -372,7 +372,7 @@ void FitState::restore_optimizers(const StateDict& c) {
 StateDict FitState::restore_progress(const StateDict& c) {
   const std::string what = checkpoint_name();
   const StateDict loops = checkpoint::require_dict(c, "loops", what);
-  const StateDict loop = checkpoint::require_dict(loops, "fit_loop", what + "'s loops");
+  StateDict loop = checkpoint::require_dict(loops, "fit_loop", what + "'s loops");  // returned: moved
   auto count = [&](const char* key) { return checkpoint::require_int(loop, key, what + "'s fit_loop"); };
   progress_.epochs_done = count("epoch");
   progress_.global_step = count("global_step");

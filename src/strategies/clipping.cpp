@@ -65,7 +65,7 @@ at::Tensor clip_sharded_grad_norm(const std::vector<at::Tensor>& grads, double m
   const at::Tensor norms = at::stack(parts);
   at::Tensor local = inf ? norms.max() : norms.pow(norm_type).sum();  // this rank's share
   all_reduce(local, inf ? ReduceOp::max : ReduceOp::sum);
-  const at::Tensor total = inf ? local : local.pow(1.0 / norm_type);
+  at::Tensor total = inf ? local : local.pow(1.0 / norm_type);  // returned: moved
   if (error_if_nonfinite && at::logical_or(total.isnan(), total.isinf()).item<bool>())
     throw Error("The total norm of order " + std::to_string(norm_type) +
                 " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error "

@@ -85,7 +85,7 @@ fulgur::StateDict rich_state() {
 
 struct Field {
   std::size_t at;
-  int width;
+  std::size_t width;
 };
 
 /// A valid checkpoint and where its parts are: the zip's header fields, the pickle, its opcodes.
@@ -99,13 +99,18 @@ struct Seed {
   std::vector<std::size_t> pickle_crcs;
 };
 
-std::uint64_t le(const Bytes& b, std::size_t at, int width) {
+std::uint64_t le(const Bytes& b, std::size_t at, std::size_t width) {
   std::uint64_t v = 0;
-  for (int i = width - 1; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(b.at(at + i));
+  for (std::size_t i = width; i-- > 0;) v = v << 8 | static_cast<unsigned char>(b.at(at + i));
   return v;
 }
-void put_le(Bytes& b, std::size_t at, int width, std::uint64_t v) {
-  for (int i = 0; i < width && at + i < b.size(); ++i) b[at + i] = static_cast<char>(v >> (8 * i));
+void put_le(Bytes& b, std::size_t at, std::size_t width, std::uint64_t v) {
+  for (std::size_t i = 0; i < width && at + i < b.size(); ++i) b[at + i] = static_cast<char>(v >> (8 * i));
+}
+/// b.begin() + offset, with the offset's sign made explicit.
+template <class Container>
+auto iterator_at(Container& c, std::size_t offset) {
+  return c.begin() + static_cast<std::ptrdiff_t>(offset);
 }
 
 /// The length of the opcode at `at` with its arguments (a valid pickle).
@@ -150,15 +155,15 @@ Seed make_seed(Bytes bytes) {
                     Field{header + 8, 2}, Field{header + 14, 4}, Field{header + 18, 4}, Field{header + 22, 4},
                     Field{header + 26, 2}, Field{header + 28, 2}})
       s.zip_fields.push_back(f);
-    const std::string name(b.begin() + p + 46, b.begin() + p + 46 + name_size);
+    const std::string name(iterator_at(b, p + 46), iterator_at(b, p + 46 + name_size));
     const std::size_t data = header + 30 + le(b, header + 26, 2) + le(b, header + 28, 2), size = le(b, p + 20, 4);
     const std::string inner = name.substr(name.find('/') + 1);
     if (inner == "data.pkl") {
-      s.pickle.assign(b.begin() + data, b.begin() + data + size);
+      s.pickle.assign(iterator_at(b, data), iterator_at(b, data + size));
       s.pickle_at = data;
       s.pickle_crcs = {p + 16, header + 14};
     }
-    if (inner == "data.pkl" || inner.rfind("data/", 0) == 0) s.records.push_back({inner, Bytes(b.begin() + data, b.begin() + data + size)});
+    if (inner == "data.pkl" || inner.rfind("data/", 0) == 0) s.records.push_back({inner, Bytes(iterator_at(b, data), iterator_at(b, data + size))});
     p += 46 + name_size + extra + comment;
   }
   for (std::size_t at = 0; at < s.pickle.size(); at += op_length(s.pickle, at)) s.ops.push_back(at);
@@ -273,24 +278,24 @@ void byte_mutation(Bytes& b, Rng& rng) {
         b[at + k] = static_cast<char>(rng.next());
       break;
     case 2: {  // an integer overwritten
-      const int width = 1 << rng.below(4);
+      const std::size_t width = std::size_t{1} << rng.below(4);
       const std::size_t at = rng.below(n);
       put_le(b, at, width, interesting(rng, at + width <= n ? le(b, at, width) : 0, n));
     } break;
     case 3: b.resize(rng.below(n)); break;  // truncated
     case 4: {                               // a chunk duplicated
       const std::size_t at = rng.below(n), len = 1 + rng.below(std::min<std::size_t>(n - at, 512));
-      const Bytes chunk(b.begin() + at, b.begin() + at + len);
-      b.insert(b.begin() + rng.below(n + 1), chunk.begin(), chunk.end());
+      const Bytes chunk(iterator_at(b, at), iterator_at(b, at + len));
+      b.insert(iterator_at(b, rng.below(n + 1)), chunk.begin(), chunk.end());
     } break;
     case 5: {  // a chunk removed
       const std::size_t at = rng.below(n), len = 1 + rng.below(std::min<std::size_t>(n - at, 512));
-      b.erase(b.begin() + at, b.begin() + at + len);
+      b.erase(iterator_at(b, at), iterator_at(b, at + len));
     } break;
     case 6: {  // random bytes inserted
       Bytes chunk(1 + rng.below(64));
       for (char& c : chunk) c = static_cast<char>(rng.next());
-      b.insert(b.begin() + rng.below(n + 1), chunk.begin(), chunk.end());
+      b.insert(iterator_at(b, rng.below(n + 1)), chunk.begin(), chunk.end());
     } break;
     default: b.resize(n - std::min(n, 1 + rng.below(64))); break;  // a few bytes off the end
   }
@@ -338,11 +343,19 @@ std::string pickle_mutation(const Seed& seed, Rng& rng) {
     case 2: p[op] = kOpcodes[rng.below(sizeof kOpcodes - 1)]; break;  // an opcode replaced
     case 3: {                                                         // an opcode's integer argument
       const unsigned char c = static_cast<unsigned char>(p[op]);
-      const int width = c == 'K' || c == 'h' || c == 'q' ? 1 : c == 'M' ? 2 : c == 'J' || c == 'j' || c == 'r' || c == 'X' ? 4 : c == 0x8a ? 8 : 0;
-      if (width == 0 || op + 1 + width + (c == 0x8a) > p.size()) break;
-      Bytes arg(p.begin() + op + 1 + (c == 0x8a), p.begin() + op + 1 + (c == 0x8a) + width);
+      std::size_t width = 0;
+      switch (c) {
+        case 'K': case 'h': case 'q': width = 1; break;
+        case 'M': width = 2; break;
+        case 'J': case 'j': case 'r': case 'X': width = 4; break;
+        case 0x8a: width = 8; break;
+        default: break;
+      }
+      const std::size_t from = op + 1 + (c == 0x8a ? 1 : 0);  // LONG1 has a length byte first
+      if (width == 0 || from + width > p.size()) break;
+      Bytes arg(iterator_at(p, from), iterator_at(p, from + width));
       put_le(arg, 0, width, interesting(rng, le(arg, 0, width), p.size()));
-      std::copy(arg.begin(), arg.end(), p.begin() + op + 1 + (c == 0x8a));
+      std::copy(arg.begin(), arg.end(), iterator_at(p, from));
     } break;
     case 4: {  // a run of opcodes moved elsewhere
       const std::size_t end = seed.ops[std::min(seed.ops.size() - 1, rng.below(seed.ops.size()))];
@@ -376,7 +389,7 @@ Bytes mutate(const Seed& seed, Rng& rng) {
       const std::size_t at = rng.below(p.size());
       if (rng.one_in(2)) p[at] ^= static_cast<char>(1u << rng.below(8));
       else p[at] = kOpcodes[rng.below(sizeof kOpcodes - 1)];
-      std::copy(p.begin(), p.end(), b.begin() + seed.pickle_at);
+      std::copy(p.begin(), p.end(), iterator_at(b, seed.pickle_at));
       for (std::size_t crc : seed.pickle_crcs) put_le(b, crc, 4, crc32(p.data(), p.size()));
     } break;
     case 6: case 7: {  // zip header fields

@@ -31,6 +31,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -153,7 +154,7 @@ Bytes zip_of(const std::vector<std::pair<std::string, std::string>>& records) {
 
 std::string le32(std::int64_t v) {
   std::string s(4, '\0');
-  for (int i = 0; i < 4; ++i) s[i] = static_cast<char>(v >> (8 * i));
+  for (std::size_t i = 0; i < 4; ++i) s[i] = static_cast<char>(v >> (8 * i));
   return s;
 }
 std::string binint(std::int64_t v) { return "J" + le32(v); }
@@ -169,7 +170,7 @@ std::string tensor_pickle(std::int64_t numel, std::int64_t offset, std::int64_t 
 }
 std::string floats(std::int64_t n) {
   const at::Tensor t = at::arange(n, at::kFloat);
-  return std::string(static_cast<const char*>(t.data_ptr()), n * 4);
+  return std::string(static_cast<const char*>(t.data_ptr()), static_cast<std::size_t>(n * 4));
 }
 
 /// A dict of one value, written as raw pickle opcodes.
@@ -397,7 +398,8 @@ TEST_CASE("a record marked as a folder is refused: LibTorch would hand back an u
   // miniz skips the bytes of a record whose DOS attributes say "directory" (bit 0x10), and LibTorch
   // returns the buffer it allocated for them as the tensor's data.
   Bytes b = checkpoint::to_bytes(rich_state());
-  const auto entry = std::search(b.begin(), b.end(), "PK\x01\x02", "PK\x01\x02" + 4);
+  const std::string_view central_header = "PK\x01\x02";
+  const auto entry = std::search(b.begin(), b.end(), central_header.begin(), central_header.end());
   REQUIRE(entry != b.end());
   entry[38] |= 0x10;
   CHECK_THAT(checkpoint_error([&] { checkpoint::from_bytes(b, "checkpoint 'folder-bit.ckpt'"); }),

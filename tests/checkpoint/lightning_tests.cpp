@@ -111,7 +111,7 @@ torch::nn::Sequential network(std::int64_t hidden = 8) {
 
 std::string bytes_of(const at::Tensor& t) {
   const at::Tensor c = t.detach().contiguous();
-  return std::string(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<std::size_t>(c.numel() * c.element_size()));
 }
 
 /// A C++ module that holds the network as a member "net": its keys are "net.0.weight", ...

@@ -257,6 +257,11 @@ struct MisspeltStep : Module {
   Tensor train_step(const Batch&, std::int64_t) { return {}; }
   std::unique_ptr<Optimizer> configure_optimizers() { return nullptr; }
 };
+struct ReturnsMemberReference : Module {  // fit refuses it with its own message (it takes ownership)
+  Tensor training_step(const Batch&, std::int64_t) { return {}; }
+  std::unique_ptr<Optimizer>& configure_optimizers() { return optimizer; }
+  std::unique_ptr<Optimizer> optimizer;
+};
 struct OtherBatch {};
 struct WithValidation : Good {
   Tensor validation_step(const Batch&, std::int64_t) { return {}; }
@@ -291,6 +296,10 @@ TEST_CASE("training_module: required steps, accepted return forms, near misses",
   STATIC_REQUIRE_FALSE(fulgur::training_module_for<modules::ReturnsInt, Batch, V>);
   STATIC_REQUIRE_FALSE(fulgur::training_module_for<modules::RawOptimizerPointer, Batch, V>);
   STATIC_REQUIRE_FALSE(fulgur::training_module_for<modules::MisspeltStep, Batch, V>);
+  STATIC_REQUIRE(fulgur::training_module_for<modules::ReturnsMemberReference, Batch, V>);
+  STATIC_REQUIRE(fulgur::detail::configure_optimizers_returns_reference<modules::ReturnsMemberReference>);
+  STATIC_REQUIRE_FALSE(fulgur::detail::configure_optimizers_returns_reference<modules::Good>);
+  STATIC_REQUIRE_FALSE(fulgur::detail::configure_optimizers_returns_reference<modules::NotAModule>);
   STATIC_REQUIRE_FALSE(fulgur::training_module_for<modules::Good, modules::OtherBatch, V>);
   STATIC_REQUIRE(fulgur::training_module_for<modules::Manual, Batch, V>);
   STATIC_REQUIRE_FALSE(fulgur::training_module_for<modules::AutomaticReturningNothing, Batch, V>);

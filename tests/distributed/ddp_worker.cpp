@@ -409,6 +409,8 @@ void callbacks() {
   check(trainer.callback<CSVLogger>().log_dir() == version0, "every rank resolves the same log directory");
   check(fulgur::detail::path_exists(version0 + "/metrics.csv"), "rank 0 wrote metrics.csv");
   check(!fulgur::detail::path_exists(root + "/lightning_logs/version_1"), "no other rank wrote a version of its own");
+  trainer.barrier("checked");
+  if (my_rank == 0) fulgur::detail::remove_tree(root);
 }
 
 // Started without torchrun: the Trainer launches the 2 ranks itself (and this process supervises).

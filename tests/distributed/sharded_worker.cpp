@@ -1075,7 +1075,7 @@ template <class P>
 std::map<std::string, at::Tensor> train_gpt(bool meta) {
   Trainer<CPUAccelerator, Zero<3>, P> trainer(config({.max_epochs = 2}), fsdp_gpt());
   my_rank = trainer.global_rank();
-  torch::manual_seed(3 + 100 * my_rank);
+  torch::manual_seed(static_cast<std::uint64_t>(3 + 100 * my_rank));
   TinyGPT model{nullptr};
   {
     auto in_context = trainer.init_module(/*empty_init=*/meta);
@@ -1123,7 +1123,7 @@ void meta3() {
     torch::manual_seed(3);
     TinyGPT eager;  // what rank 0 builds eagerly
     const auto expected = state_of(*eager);
-    torch::manual_seed(3 + 100 * my_rank);
+    torch::manual_seed(static_cast<std::uint64_t>(3 + 100 * my_rank));
     TinyGPT model{nullptr};
     {
       auto in_context = trainer.init_module(/*empty_init=*/true);
@@ -1200,7 +1200,7 @@ void meta3() {
     torch::manual_seed(3);
     TinyGPT meta{nullptr};
     {
-      DefaultDeviceGuard on_meta(c10::Device(c10::kMeta));
+      DefaultDeviceGuard on_meta{c10::Device(c10::kMeta)};
       meta = TinyGPT();
     }
     auto [x, y] = dataset(16);
@@ -1257,7 +1257,7 @@ std::map<std::string, at::Tensor> train_attention(bool meta) {
   o.state_dict_type = StateDictType::full;
   Trainer<CPUAccelerator, Zero<3>, FloatPrecision> trainer(config({.max_epochs = 2}), o);
   my_rank = trainer.global_rank();
-  torch::manual_seed(meta ? 5 + 100 * my_rank : 5);
+  torch::manual_seed(static_cast<std::uint64_t>(meta ? 5 + 100 * my_rank : 5));
   AttentionNet model{nullptr};
   {
     auto in_context = trainer.init_module(/*empty_init=*/meta);
@@ -1321,7 +1321,7 @@ void builtins3() {
     torch::manual_seed(5);
     Holds eager(c.build());
     const auto expected = state_of(*eager);
-    torch::manual_seed(5 + 100 * my_rank);
+    torch::manual_seed(static_cast<std::uint64_t>(5 + 100 * my_rank));
     Holds model{nullptr};
     {
       auto on_meta = trainer.init_module(/*empty_init=*/true);

@@ -103,7 +103,7 @@ Pair3 fulgur_map_tensors(const Pair3& p, F&& f) {
 }  // namespace user
 
 TEST_CASE("batch_to_device walks any nesting and keeps non-tensor leaves", "[strategy][data]") {
-  SingleDeviceStrategy s(c10::Device(c10::kCPU));
+  SingleDeviceStrategy s{c10::Device(c10::kCPU)};
   const auto t = torch::ones({2});
   auto nested = std::make_tuple(t, std::vector<at::Tensor>{t, t}, std::map<std::string, at::Tensor>{{"k", t}},
                                 std::pair{t, 3}, std::optional<at::Tensor>(t), std::string("label"));

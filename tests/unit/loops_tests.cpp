@@ -502,7 +502,7 @@ TEST_CASE("DefaultDeviceGuard: factories without a device go to the guard's devi
           "[loops][device]") {
   const auto cpu = torch::ones({2});
   {
-    DefaultDeviceGuard on_meta(c10::Device(c10::kMeta));  // a device with no memory: any device works the same way
+    DefaultDeviceGuard on_meta{c10::Device(c10::kMeta)};  // a device with no memory: any device works the same way
     CHECK(torch::zeros({3}).is_meta());
     CHECK(torch::randn({2, 2}).is_meta());
     CHECK(torch::nn::Linear(4, 5)->weight.is_meta());        // a module's parameters, created in place

@@ -25,6 +25,7 @@ class CUDAAccelerator {
   }
   static std::vector<c10::Device> get_parallel_devices(const std::vector<int>& devices) {
     std::vector<c10::Device> out;
+    out.reserve(devices.size());
     for (int i : devices) out.emplace_back(c10::kCUDA, static_cast<c10::DeviceIndex>(i));
     return out;
   }

@@ -40,9 +40,11 @@ class EarlyStopping {
 
   explicit EarlyStopping(EarlyStoppingOptions options);
   /// EarlyStopping{"val_loss"}: the defaults otherwise.
+  /// A template so that a braced list, EarlyStopping({.monitor = "m", .patience = 1}), never matches it
+  /// (GCC 12 finds a plain std::string parameter as viable as the options and calls it ambiguous).
   template <class Text>
-    requires std::convertible_to<Text, std::string>
-  explicit EarlyStopping(Text&& monitor) : EarlyStopping(EarlyStoppingOptions{.monitor = std::string(std::forward<Text>(monitor))}) {}
+    requires std::convertible_to<const Text&, std::string>
+  explicit EarlyStopping(const Text& monitor) : EarlyStopping(EarlyStoppingOptions{.monitor = std::string(monitor)}) {}
 
   void setup(TrainerView& trainer, Stage stage);
   void on_train_epoch_end(TrainerView& trainer);

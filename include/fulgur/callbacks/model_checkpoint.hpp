@@ -66,6 +66,7 @@ class ModelCheckpoint {
  private:
   bool skip(const TrainerView& trainer) const;
   bool save_on_train_epoch_end(const TrainerView& trainer) const;
+  bool epoch_due(const TrainerView& trainer) const;  ///< every_n_epochs says this epoch saves
   void save(TrainerView& trainer);
   void save_top_k(TrainerView& trainer);
   void save_last(TrainerView& trainer);

@@ -39,10 +39,10 @@ class Timer {
   void on_predict_end(TrainerView&) { end(Phase::predict); }
   void setup(TrainerView& trainer, Stage stage);
   void on_train_batch_end(TrainerView& trainer) {
-    if (options_.duration && options_.interval == TimerInterval::step) check(trainer);
+    if (options_.duration && options_.interval == TimerInterval::step) check(trainer, options_.duration->count());
   }
   void on_train_epoch_end(TrainerView& trainer) {
-    if (options_.duration && options_.interval == TimerInterval::epoch) check(trainer);
+    if (options_.duration && options_.interval == TimerInterval::epoch) check(trainer, options_.duration->count());
   }
 
   /// Lightning's state: {"time_elapsed": {"train", "validate", "test", "predict"}}; a resumed fit
@@ -66,7 +66,7 @@ class Timer {
   static std::size_t index(Phase phase) { return static_cast<std::size_t>(phase); }
   void start(Phase phase);
   void end(Phase phase);
-  void check(TrainerView& trainer);
+  void check(TrainerView& trainer, double limit_seconds);
 
   TimerOptions options_;
   Times times_[4];

@@ -89,7 +89,7 @@ class CheckpointState {
     /// Anything else: one message saying what an entry can be.
     template <class T>
       requires(!detail::checkpoint_entry_type<T>)
-    Entry(std::string, T&) {
+    Entry(const std::string&, T&) {
       static_assert(detail::always_false<T>,
                     "fulgur::CheckpointState entries are modules, optimizers, std::int64_t, double, bool, "
                     "std::string, at::Tensor, StateDict or objects with state_dict()/load_state_dict(StateDict), "

@@ -20,10 +20,11 @@
 #include <concepts>
 #include <string_view>
 
-#define FULGUR_DETAIL_ALL_OF(requirement, signature) &&requirement<T, V>
+// `requirement` names a concept, which cannot be parenthesized before its template arguments.
+#define FULGUR_DETAIL_ALL_OF(requirement, signature) &&requirement<T, V>  // NOLINT(bugprone-macro-parentheses)
 #define FULGUR_DETAIL_ENUMERATE(requirement, signature) requirement,
 #define FULGUR_DETAIL_FIRST_MISSING(requirement, signature) \
-  if constexpr (!requirement<T, V>) return Missing::requirement; else
+  if constexpr (!requirement<T, V>) return Missing::requirement; else  // NOLINT(bugprone-macro-parentheses)
 #define FULGUR_DETAIL_REQUIRE(requirement, signature) \
   static_assert(missing != Missing::requirement, FULGUR_DETAIL_LACKS signature FULGUR_DETAIL_REMEDY);
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <type_traits>
+#include <utility>
 
 #include "fulgur/concepts/vocabulary.hpp"
 
@@ -25,10 +26,12 @@ concept step_output_for = std::convertible_to<R, typename V::tensor> || requires
 };
 
 /// configure_optimizers returns a std::unique_ptr<Optimizer>, a fulgur::OptimizerConfig (anything
-/// with an `optimizer` member that is one), or a std::vector of OptimizerConfig.
+/// with an `optimizer` member that is one), or a std::vector of OptimizerConfig. Returned by
+/// reference it still qualifies here; fit then refuses it on its own (it takes ownership, see
+/// configure_optimizers_returns_reference), so the error says that and nothing else.
 template <class R, class V>
 concept optimizer_configuration_for =
-    std::convertible_to<R, std::unique_ptr<typename V::optimizer>> ||
+    std::convertible_to<std::remove_cvref_t<R>, std::unique_ptr<typename V::optimizer>> ||
     requires(R& r) {
       { std::move(r.optimizer) } -> std::convertible_to<std::unique_ptr<typename V::optimizer>>;
     } ||
@@ -52,6 +55,13 @@ consteval bool automatic_optimization_of() {
   else
     return true;
 }
+
+/// configure_optimizers() hands back a reference (to a member, most likely): fit would have to
+/// move the optimizers out from under the module, so it asks for them by value instead.
+template <class M>
+concept configure_optimizers_returns_reference =
+    requires(M& m) { m.configure_optimizers(); } &&
+    std::is_reference_v<decltype(std::declval<M&>().configure_optimizers())>;
 
 // A step may be written (batch, batch_idx) or (batch, batch_idx, StepContext&).
 #define FULGUR_DETAIL_STEP_CONCEPTS(step)                                                             \

@@ -53,9 +53,9 @@ class ShardedOptimizerState {
   /// `archives`: one per rank that wrote the state, in rank order. The optimizer's param groups must
   /// hold the module's parameters (as they do outside a step); its state is left empty.
   ShardedOptimizerState(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& archives,
-                        ShardLayout layout);
+                        const ShardLayout& layout);
   /// The optimizer's own, unsharded state (loaded from a run without sharding), laid out in buckets.
-  static ShardedOptimizerState from_whole(const torch::optim::Optimizer& optimizer, ShardLayout layout);
+  static ShardedOptimizerState from_whole(const torch::optim::Optimizer& optimizer, const ShardLayout& layout);
   ~ShardedOptimizerState();
   ShardedOptimizerState(ShardedOptimizerState&&) noexcept;
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 
 #include "fulgur/loggers/hyperparameters.hpp"
@@ -30,7 +31,7 @@ namespace loggers::detail {
 /// that loggers sharing a name also share the version).
 class LogDirectory {
  public:
-  explicit LogDirectory(const LoggerOptions& options) : options_(options) {}
+  explicit LogDirectory(LoggerOptions options) : options_(std::move(options)) {}
   void resolve(const std::string& default_root_dir);
   /// A resumed run writes on in the version the checkpoint's run wrote to, unless the options name
   /// one or the directory is resolved already (this logger wrote in this process before).

@@ -118,11 +118,10 @@ inline constexpr bool converts_targets = requires { requires Precision::converts
 /// types), so that under mixed precision a regression target keeps its float32 values.
 template <class Fabric, class Batch>
 auto convert_model_inputs(Fabric& fabric, const Batch& batch) {
-  if constexpr (converts_targets<typename Fabric::precision_type>)
-    return fabric.convert_input(batch);
-  else if constexpr (std::is_same_v<Batch, data::Batch>)
+  constexpr bool whole_batch = converts_targets<typename Fabric::precision_type>;
+  if constexpr (!whole_batch && std::is_same_v<Batch, data::Batch>)
     return data::Batch{at::Tensor(fabric.convert_input(batch.input)), batch.target};
-  else if constexpr (requires { batch.data; batch.target; typename Batch::DataType; })
+  else if constexpr (!whole_batch && requires { batch.data; batch.target; typename Batch::DataType; })
     return Batch{fabric.convert_input(batch.data), batch.target};
   else
     return fabric.convert_input(batch);

@@ -11,7 +11,8 @@ namespace fulgur {
 /// A context that does nothing (the 32-true contexts).
 struct [[nodiscard]] NullContext {
   NullContext() = default;
-  ~NullContext() {}  // user-provided, so `auto ctx = p.forward_context();` is not flagged as unused
+  // User-provided, so `auto ctx = p.forward_context();` is not flagged as unused.
+  ~NullContext() {}  // NOLINT(modernize-use-equals-default)
   NullContext(const NullContext&) = delete;
   NullContext& operator=(const NullContext&) = delete;
 };

@@ -161,7 +161,8 @@ class BasicDDPStrategy
     const auto all_dims = group().all_gather(dims);  // every rank's shape (same rank count of dims required)
     std::vector<std::int64_t> max_shape = local.sizes().vec();
     for (const auto& d : all_dims)
-      for (std::size_t i = 0; i < max_shape.size(); ++i) max_shape[i] = std::max(max_shape[i], d[i].template item<std::int64_t>());
+      for (std::size_t i = 0; i < max_shape.size(); ++i)
+        max_shape[i] = std::max(max_shape[i], d[static_cast<std::int64_t>(i)].template item<std::int64_t>());
     at::Tensor padded = at::zeros(max_shape, local.options());
     std::vector<at::indexing::TensorIndex> region;
     for (auto s : local.sizes()) region.emplace_back(at::indexing::Slice(0, s));
