@@ -397,8 +397,9 @@ inline void fail(benchmark::State& state, std::string_view side, const std::exce
   skip(state, failure_text(side, what_of(e)));
 }
 
-template <class T, class MakeModule, class MakeBatches>
-void run(benchmark::State& state, MakeModule& make_module, MakeBatches& make_batches, const MatrixOptions& options) {
+template <class T, class MakeModule, class MakeHandModule, class MakeBatches>
+void run(benchmark::State& state, MakeModule& make_module, MakeHandModule& make_hand_module, MakeBatches& make_batches,
+         const MatrixOptions& options) {
   using P = typename T::precision_type;
   state.counters["threads"] = at::get_num_threads();
   if constexpr (!std::is_same_v<typename T::strategy_type, fulgur::SingleDeviceStrategy>) {
@@ -423,7 +424,7 @@ void run(benchmark::State& state, MakeModule& make_module, MakeBatches& make_bat
     return fail(state, "fulgur", e);
   }
   try {
-    auto model = make_module();
+    auto model = make_hand_module();
     hand_written<P>(model, batches, device, hand_scaler);
     synchronize(device);
   } catch (const std::exception& e) {
@@ -436,7 +437,7 @@ void run(benchmark::State& state, MakeModule& make_module, MakeBatches& make_bat
   bool fulgur_first = false;
   using clock = std::chrono::steady_clock;
   for (auto _ : state) {
-    auto hand_model = make_module();
+    auto hand_model = make_hand_module();
     auto fulgur_model = make_module();
     double t_hand = 0, t_fulgur = 0;
     auto time_hand = [&] {
@@ -518,9 +519,12 @@ inline void validate(const std::string& name, const MatrixOptions& options) {
 /// (default: every compatible one of the shipped lists). make_module() returns a fresh module (a
 /// TORCH_MODULE holder or std::shared_ptr) that Trainer::fit accepts; make_batches() returns the
 /// batches of one epoch (on the CPU), a sized range. Throws std::invalid_argument for bad options.
-template <class MakeModule, class MakeBatches, class Trainers = std::remove_const_t<decltype(shipped_trainers)>>
-void register_matrix(const std::string& name, MakeModule make_module, MakeBatches make_batches,
-                     MatrixOptions options = {}, Trainers trainers = shipped_trainers) {
+/// register_matrix_versus: the hand-written loop trains make_hand_module()'s module instead (the same
+/// network with LibTorch's optimizer where fulgur's side has a fused one: bench/matrix/fused.cpp).
+template <class MakeModule, class MakeHandModule, class MakeBatches,
+          class Trainers = std::remove_const_t<decltype(shipped_trainers)>>
+void register_matrix_versus(const std::string& name, MakeModule make_module, MakeHandModule make_hand_module,
+                            MakeBatches make_batches, MatrixOptions options = {}, Trainers trainers = shipped_trainers) {
   using Module = std::remove_cvref_t<decltype(detail::module_of(std::declval<std::invoke_result_t<MakeModule&>&>()))>;
   using Batches = std::remove_cvref_t<std::invoke_result_t<MakeBatches&>>;
   static_assert(std::ranges::sized_range<Batches>,
@@ -539,13 +543,19 @@ void register_matrix(const std::string& name, MakeModule make_module, MakeBatche
                               std::string(T::strategy_type::name) + "/" + std::string(T::precision_type::name);
     detail::registered().push_back(benchmark::RegisterBenchmark(label.c_str(),
                                                                 [=](benchmark::State& state) mutable {
-                                                                  detail::run<T>(state, make_module, make_batches,
-                                                                                 options);
+                                                                  detail::run<T>(state, make_module, make_hand_module,
+                                                                                 make_batches, options);
                                                                 })
                                        ->UseManualTime()
                                        ->Unit(benchmark::kMillisecond)
                                        ->MinTime(options.min_time_s));
   });
+}
+
+template <class MakeModule, class MakeBatches, class Trainers = std::remove_const_t<decltype(shipped_trainers)>>
+void register_matrix(const std::string& name, MakeModule make_module, MakeBatches make_batches,
+                     MatrixOptions options = {}, Trainers trainers = shipped_trainers) {
+  register_matrix_versus(name, make_module, make_module, std::move(make_batches), options, trainers);
 }
 
 /// LibTorch's intra-op threads for the matrix: `--threads=N` (taken out of argv), else the

@@ -40,8 +40,8 @@ struct DigitsNetImpl : torch::nn::Module {
   at::Tensor predict_step(const fulgur::data::Batch& batch, std::int64_t) { return forward(batch.input).argmax(1); }
   fulgur::OptimizerConfig configure_optimizers() {
     auto adam = std::make_unique<torch::optim::Adam>(parameters(), 2e-3);
-    auto plateau = std::make_unique<torch::optim::ReduceLROnPlateauScheduler>(
-        *adam, torch::optim::ReduceLROnPlateauScheduler::min, /*factor=*/0.3, /*patience=*/3);
+    auto plateau = std::make_unique<fulgur::optim::ReduceLROnPlateau>(*adam, fulgur::optim::ReduceLROnPlateauOptions{
+                                                                                 .factor = 0.3, .patience = 3});
     return {.optimizer = std::move(adam), .lr_scheduler = std::move(plateau), .monitor = "val_loss"};
   }
   /// What the loggers record as the run's hyper-parameters (hparams.yaml, TensorBoard's HPARAMS tab).

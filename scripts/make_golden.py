@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Golden values from Python torch (torch.amp.GradScaler, torch.autocast, clip_grad_*_, randperm).
+"""Golden values from Python torch (torch.amp.GradScaler, torch.autocast, clip_grad_*_, randperm,
+torch.optim's fused optimizers, torch.optim.lr_scheduler).
 
 Writes one text file per scenario into the folder given as argv[1]. Each line is
     <key> <dtype> <shape, comma-separated or '-'> <values as float.hex ...>
@@ -117,6 +118,132 @@ def distributed_sampler(out):
     write(os.path.join(out, "distributed_sampler.txt"), entries)
 
 
+# The fused optimizers' scenarios: name -> (torch.optim class, its keyword arguments). The C++ test
+# (tests/unit/optim_tests.cpp) builds fulgur's FusedAdam/FusedAdamW/FusedSGD from the same options.
+FUSED = {
+    "adam": (torch.optim.Adam, dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)),
+    "adam_amsgrad": (torch.optim.Adam, dict(lr=1e-2, betas=(0.8, 0.9), eps=1e-6, amsgrad=True)),
+    "adamw": (torch.optim.AdamW, dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.05)),
+    "sgd": (torch.optim.SGD, dict(lr=0.1)),
+    "sgd_momentum": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=1e-3)),
+    "sgd_nesterov": (torch.optim.SGD, dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=1e-2)),
+}
+
+
+def fused_optimizers(out):
+    """Each scenario: torch.optim's fused=True optimizer over two parameters, 5 steps on given
+    gradients; and under torch.amp.GradScaler, 6 steps of a loss with an inf injected at step 2
+    (a skipped step in the middle of the run)."""
+    for name, (cls, kwargs) in FUSED.items():
+        torch.manual_seed(2)
+        a = torch.nn.Parameter(torch.randn(4, 3))
+        b = torch.nn.Parameter(torch.randn(5))
+        entries = [("init.a", a.detach().clone()), ("init.b", b.detach().clone())]
+        opt = cls([a, b], fused=True, **kwargs)
+        for step in range(5):
+            a.grad, b.grad = torch.randn(4, 3), torch.randn(5)
+            entries += [(f"grad{step}.a", a.grad.clone()), (f"grad{step}.b", b.grad.clone())]
+            opt.step()
+            entries += [(f"step{step}.a", a.detach().clone()), (f"step{step}.b", b.detach().clone())]
+        for key, value in opt.state[a].items():
+            entries.append((f"state.a.{key}", value.clone()))
+        write(os.path.join(out, f"fused_{name}.txt"), entries)
+
+        torch.manual_seed(3)
+        a = torch.nn.Parameter(torch.randn(4, 3))
+        b = torch.nn.Parameter(torch.randn(5))
+        entries = [("init.a", a.detach().clone()), ("init.b", b.detach().clone())]
+        opt = cls([a, b], fused=True, **kwargs)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+        for step in range(6):
+            loss = (a ** 2).sum() * 0.5 + (b * torch.arange(5.0)).sum() + (a[:, 0] * b[:4]).sum()
+            scaler.scale(loss).backward()
+            if step == 2:
+                with torch.no_grad():
+                    b.grad[1] = math.inf
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            entries += [(f"scaled{step}.a", a.detach().clone()), (f"scaled{step}.b", b.detach().clone()),
+                        (f"scaled{step}.scale", torch.tensor(scaler.get_scale()))]
+            for key, value in opt.state[a].items():
+                entries.append((f"scaled{step}.state.a.{key}", value.clone()))
+        write(os.path.join(out, f"fused_{name}_scaled.txt"), entries)
+
+
+# The schedulers' scenarios: name -> (optimizer, scheduler factory). tests/unit/lr_scheduler_tests.cpp
+# builds fulgur::optim's scheduler of the same name with the same arguments. Two param groups (lr 0.1
+# and 0.05), 12 steps, each after an optimizer step.
+PLATEAU_METRICS = [1.0, 0.9, 0.95, 0.97, 0.96, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1]
+
+
+def _scheduler_scenarios():
+    S = torch.optim.lr_scheduler
+    return {
+        "step": ("sgd", lambda o: S.StepLR(o, step_size=2, gamma=0.5)),
+        "multistep": ("sgd", lambda o: S.MultiStepLR(o, milestones=[2, 5, 5], gamma=0.3)),
+        "exponential": ("sgd", lambda o: S.ExponentialLR(o, gamma=0.9)),
+        "cosine": ("sgd", lambda o: S.CosineAnnealingLR(o, T_max=4, eta_min=0.001)),
+        "warm_restarts": ("sgd", lambda o: S.CosineAnnealingWarmRestarts(o, T_0=3, T_mult=2, eta_min=0.001)),
+        "linear": ("sgd", lambda o: S.LinearLR(o, start_factor=0.25, end_factor=1.0, total_iters=4)),
+        "onecycle": ("sgd", lambda o: S.OneCycleLR(o, max_lr=[1.0, 0.5], total_steps=12)),
+        "onecycle_adam": ("adam", lambda o: S.OneCycleLR(o, max_lr=0.01, total_steps=12, anneal_strategy="linear",
+                                                       three_phase=True)),
+        "lambda": ("sgd", lambda o: S.LambdaLR(o, lambda e: 0.95 ** e)),
+        "sequential": ("sgd", lambda o: S.SequentialLR(
+            o, [S.LinearLR(o, start_factor=0.1, end_factor=1.0, total_iters=3), S.CosineAnnealingLR(o, T_max=6)],
+            milestones=[3])),
+        "plateau": ("sgd", lambda o: S.ReduceLROnPlateau(o, factor=0.5, patience=1, threshold=0.01, cooldown=1)),
+        "plateau_max_abs": ("sgd", lambda o: S.ReduceLROnPlateau(o, mode="max", factor=0.5, patience=0, threshold=0.05,
+                                                               threshold_mode="abs", min_lr=[0.02, 0.01])),
+    }
+
+
+def _flat_state(state, prefix=""):
+    """(key, number or list of numbers) of a scheduler's state_dict, nested ones as prefix.key."""
+    out = []
+    for key, value in state.items():
+        if isinstance(value, bool):
+            out.append((prefix + key, float(value)))
+        elif isinstance(value, (int, float)):
+            out.append((prefix + key, float(value)))
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value) and value:
+            out.append((prefix + key, [float(v) for v in value]))
+        elif key == "_schedulers":
+            for i, child in enumerate(value):
+                out += _flat_state(child, f"{prefix}{key}.{i}.")
+    return out
+
+
+def schedulers(out):
+    for name, (kind, make) in _scheduler_scenarios().items():
+        params = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))]
+        groups = [{"params": [params[0]], "lr": 0.1}, {"params": [params[1]], "lr": 0.05}]
+        opt = torch.optim.SGD(groups, lr=0.1, momentum=0.9) if kind == "sgd" else torch.optim.Adam(groups, lr=0.1)
+        sched = make(opt)
+        plateau = isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+        def record(tag):
+            momentum = [g["betas"][0] if "betas" in g else g["momentum"] for g in opt.param_groups]
+            return [(f"{tag}.lr", torch.tensor([g["lr"] for g in opt.param_groups], dtype=torch.float64)),
+                    (f"{tag}.last", torch.tensor(sched.get_last_lr(), dtype=torch.float64)),
+                    (f"{tag}.momentum", torch.tensor(momentum, dtype=torch.float64))]
+
+        entries = record("init")
+        for step in range(12):
+            opt.step()
+            if plateau:
+                sched.step(PLATEAU_METRICS[step])
+            else:
+                sched.step()
+            entries += record(f"step{step}")
+        state = sched.state_dict()
+        entries += [(f"state.{k}", torch.tensor(v, dtype=torch.float64)) for k, v in _flat_state(state)]
+        write(os.path.join(out, f"scheduler_{name}.txt"), entries)
+        with open(os.path.join(out, f"scheduler_{name}_keys.txt"), "w") as f:
+            f.write(" ".join(state.keys()) + "\n")
+
+
 if __name__ == "__main__":
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -125,4 +252,6 @@ if __name__ == "__main__":
     clipping(out)
     shuffling(out)
     distributed_sampler(out)
+    fused_optimizers(out)
+    schedulers(out)
     print(f"golden values written to {out} (torch {torch.__version__})")

@@ -110,6 +110,8 @@ void set_random_state(const StateDict& state, const std::string& what) {
 }
 
 StateDict scheduler_state(const AnyLRScheduler& scheduler) {
+  if (auto* s = scheduler.exact()) return s->state_dict();  // Python's keys and values
+  if (auto* p = scheduler.exact_plateau()) return p->state_dict();
   StateDict out;
   if (auto* s = scheduler.stepwise()) {
     const unsigned count = s->*member(step_count_tag{});
@@ -125,6 +127,12 @@ StateDict scheduler_state(const AnyLRScheduler& scheduler) {
 }
 
 void load_scheduler_state(AnyLRScheduler& scheduler, const StateDict& state, const std::string& what) {
+  try {
+    if (auto* s = scheduler.exact()) return s->load_state_dict(state);
+    if (auto* p = scheduler.exact_plateau()) return p->load_state_dict(state);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(std::string(e.what()) + " (" + what + ")");
+  }
   if (auto* s = scheduler.stepwise()) {
     s->*member(step_count_tag{}) = static_cast<unsigned>(require_int(state, "_step_count", what));
   } else if (auto* p = scheduler.plateau()) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "fulgur/errors.hpp"
+#include "fulgur/optim/scaled_step.hpp"
 
 namespace fulgur {
 
@@ -55,7 +56,8 @@ void GradScaler::require_initialised(const char* function) const {
 GradScaler::OptimizerRecord& GradScaler::record_for(const torch::optim::Optimizer& optimizer) {
   for (auto& record : records_)
     if (record.optimizer == &optimizer) return record;
-  records_.push_back(OptimizerRecord{&optimizer, Stage::ready, {}});
+  records_.push_back(OptimizerRecord{&optimizer, Stage::ready, {},
+                                     dynamic_cast<const optim::ScaledStepOptimizer*>(&optimizer) != nullptr});
   return records_.back();
 }
 
@@ -86,18 +88,22 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (record.stage == Stage::unscaled)
     throw GradScalerError("unscale_() has already been called on this optimizer since the last update().");
   if (record.stage == Stage::stepped) throw GradScalerError("unscale_() is being called after step().");
+  check_gradients(optimizer, record, /*unscale=*/true);
+  record.stage = Stage::unscaled;
+}
 
-  // inv_scale = scale.double().reciprocal().float(), into preallocated buffers.
-  scale_double_.copy_(scale_);
-  scale_double_.reciprocal_();
-  inv_scale_.copy_(scale_double_);
-
+void GradScaler::check_gradients(torch::optim::Optimizer& optimizer, OptimizerRecord& record, bool unscale) {
+  if (unscale) {  // inv_scale = scale.double().reciprocal().float(), into preallocated buffers.
+    scale_double_.copy_(scale_);
+    scale_double_.reciprocal_();
+    inv_scale_.copy_(scale_double_);
+  }
   for (auto& group : groups_) group.grads.clear();
   for (auto& param_group : optimizer.param_groups()) {
     for (auto& param : param_group.params()) {
       const at::Tensor& grad = param.grad();
       if (!grad.defined()) continue;
-      if (grad.scalar_type() == at::kHalf)
+      if (unscale && grad.scalar_type() == at::kHalf)  // Python's allow_fp16=False, unscale_'s only
         throw GradScalerError(
             "Attempting to unscale FP16 gradients. The parameters are float16, so there are no float32 "
             "master weights to step: use FP16MixedPrecision with float32 parameters, or FP16TruePrecision "
@@ -118,13 +124,28 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     DeviceFlags& flags = flags_for(record, group.device);
     if (!flags.checked) {
       flags.found_inf.zero_();
-      flags.inv_scale.copy_(inv_scale_, /*non_blocking=*/true);
+      if (unscale) flags.inv_scale.copy_(inv_scale_, /*non_blocking=*/true);
+      else flags.inv_scale.fill_(1.0);
       flags.checked = true;
     }
     at::_amp_foreach_non_finite_check_and_unscale_(group.grads, flags.found_inf, flags.inv_scale);
     group.grads.clear();  // hold no gradient past this call (zero_grad may free them)
   }
-  record.stage = Stage::unscaled;
+}
+
+const at::Tensor& GradScaler::combined_found_inf(OptimizerRecord& record) {
+  const at::Tensor* only = nullptr;
+  int count = 0;
+  for (const auto& flags : record.devices)
+    if (flags.checked && count++ == 0) only = &flags.found_inf;
+  if (count == 0)
+    throw GradScalerError("No inf checks were recorded for this optimizer: none of its parameters has a "
+                          "gradient. Call backward on the scaled loss before step().");
+  if (count == 1 && only->device() == scale_.device()) return *only;
+  found_inf_.zero_();  // Python: sum(flag.to(scale's device) for each device's flag)
+  for (const auto& flags : record.devices)
+    if (flags.checked) found_inf_.add_(flags.found_inf.to(scale_.device(), /*non_blocking=*/true));
+  return found_inf_;
 }
 
 void GradScaler::for_each_found_inf(const torch::optim::Optimizer& optimizer,
@@ -141,8 +162,17 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   require_initialised("step");
   if (stage(optimizer) == Stage::stepped)
     throw GradScalerError("step() has already been called since the last update().");
-  if (stage(optimizer) == Stage::ready) unscale_(optimizer);
   OptimizerRecord& record = record_for(optimizer);
+  if (record.scales_in_kernel) {
+    const bool unscaled = record.stage == Stage::unscaled;
+    if (!unscaled) check_gradients(optimizer, record, /*unscale=*/false);
+    const at::Tensor& found_inf = combined_found_inf(record);
+    static_cast<optim::ScaledStepOptimizer&>(optimizer).scaled_step(
+        unscaled ? std::nullopt : std::optional<at::Tensor>(scale_), found_inf);
+    record.stage = Stage::stepped;
+    return found_inf.item<float>() == 0.0f;
+  }
+  if (record.stage == Stage::ready) unscale_(optimizer);
 
   bool any_checked = false, found_inf = false;
   for (const auto& flags : record.devices) {

@@ -19,6 +19,9 @@
 #include "fulgur/precision/half.hpp"
 #include "fulgur/precision/mixed.hpp"
 #include "fulgur/precision/grad_scaler.hpp"
+#include "fulgur/optim/fused_adam.hpp"
+#include "fulgur/optim/fused_sgd.hpp"
+#include "fulgur/optim/lr_scheduler.hpp"
 
 #include "fulgur/checkpoint/io.hpp"
 #include "fulgur/checkpoint/state.hpp"

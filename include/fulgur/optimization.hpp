@@ -5,8 +5,10 @@
 //   fulgur::OptimizerConfig{optimizer, scheduler, ...}  one optimizer with a scheduler
 //   std::vector<fulgur::OptimizerConfig>                several (manual optimization only, as in Lightning)
 //
-// A scheduler is any torch::optim::LRScheduler (StepLR, ...) or a ReduceLROnPlateauScheduler,
-// which steps on a monitored metric (OptimizerConfig::monitor, e.g. "val_loss").
+// A scheduler is one of fulgur::optim's (Python's schedulers, step for step: StepLR, OneCycleLR,
+// SequentialLR, ReduceLROnPlateau, ...), or LibTorch's own torch::optim::LRScheduler (StepLR) or
+// ReduceLROnPlateauScheduler. A ReduceLROnPlateau steps on a monitored metric
+// (OptimizerConfig::monitor, e.g. "val_loss").
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 #include <torch/optim/schedulers/reduce_on_plateau_scheduler.h>
@@ -20,48 +22,60 @@
 #include <vector>
 
 #include "fulgur/errors.hpp"
+#include "fulgur/optim/lr_scheduler.hpp"
 
 namespace fulgur {
 
 enum class SchedulerInterval { epoch, step };
 
-/// A learning-rate scheduler of either kind LibTorch has, or none.
+/// A learning-rate scheduler of fulgur::optim or of LibTorch, stepwise or on a plateau, or none.
 class AnyLRScheduler {
  public:
   AnyLRScheduler() = default;
+  template <std::derived_from<optim::LRScheduler> S>
+  AnyLRScheduler(std::unique_ptr<S> scheduler) : exact_(std::move(scheduler)) {}
+  AnyLRScheduler(std::unique_ptr<optim::ReduceLROnPlateau> scheduler) : exact_plateau_(std::move(scheduler)) {}
   template <std::derived_from<torch::optim::LRScheduler> S>
   AnyLRScheduler(std::unique_ptr<S> scheduler) : stepwise_(std::move(scheduler)) {}
   AnyLRScheduler(std::unique_ptr<torch::optim::ReduceLROnPlateauScheduler> scheduler) : plateau_(std::move(scheduler)) {}
 
-  explicit operator bool() const { return stepwise_ || plateau_; }
-  bool reduce_on_plateau() const { return plateau_ != nullptr; }
+  explicit operator bool() const { return exact_ || exact_plateau_ || stepwise_ || plateau_; }
+  bool reduce_on_plateau() const { return plateau_ != nullptr || exact_plateau_ != nullptr; }
   /// A stepwise scheduler's step.
   void step() {
+    if (exact_) return exact_->step();
     if (!stepwise_)
-      throw MisconfigurationError(plateau_ ? "AnyLRScheduler::step(): a ReduceLROnPlateau scheduler steps on a "
-                                             "value: call step(monitored)."
-                                           : "AnyLRScheduler::step(): no scheduler was given for this optimizer.");
+      throw MisconfigurationError(reduce_on_plateau() ? "AnyLRScheduler::step(): a ReduceLROnPlateau scheduler steps "
+                                                        "on a value: call step(monitored)."
+                                                      : "AnyLRScheduler::step(): no scheduler was given for this "
+                                                        "optimizer.");
     stepwise_->step();
   }
   /// The step PyTorch's LRScheduler takes in its constructor and LibTorch's does not: without
-  /// it, StepLR(step_size = 1) would first decay at its second step() instead of its first.
-  /// The loops take it once, when configure_optimizers hands the scheduler over.
+  /// it, LibTorch's StepLR(step_size = 1) would first decay at its second step() instead of its
+  /// first. The loops take it once, when configure_optimizers hands the scheduler over; fulgur::optim's
+  /// schedulers took it in their constructor, as Python's do.
   void initial_step() {
     if (stepwise_) stepwise_->step();
   }
   /// ReduceLROnPlateau's step on the monitored value.
   void step(double monitored) {
+    if (exact_plateau_) return exact_plateau_->step(monitored);
     if (!plateau_)
-      throw MisconfigurationError(stepwise_ ? "AnyLRScheduler::step(value): only ReduceLROnPlateau steps on a value; "
-                                              "call step()."
-                                            : "AnyLRScheduler::step(value): no scheduler was given for this optimizer.");
+      throw MisconfigurationError(*this ? "AnyLRScheduler::step(value): only ReduceLROnPlateau steps on a value; "
+                                          "call step()."
+                                        : "AnyLRScheduler::step(value): no scheduler was given for this optimizer.");
     plateau_->step(static_cast<float>(monitored));
   }
 
+  optim::LRScheduler* exact() const { return exact_.get(); }
+  optim::ReduceLROnPlateau* exact_plateau() const { return exact_plateau_.get(); }
   torch::optim::LRScheduler* stepwise() const { return stepwise_.get(); }
   torch::optim::ReduceLROnPlateauScheduler* plateau() const { return plateau_.get(); }
 
  private:
+  std::unique_ptr<optim::LRScheduler> exact_;
+  std::unique_ptr<optim::ReduceLROnPlateau> exact_plateau_;
   std::unique_ptr<torch::optim::LRScheduler> stepwise_;
   std::unique_ptr<torch::optim::ReduceLROnPlateauScheduler> plateau_;
 };

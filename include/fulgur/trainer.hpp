@@ -305,6 +305,18 @@ class Trainer {
     else
       precision_.unscale_gradients(optimizer);
   }
+  /// Whether the gradients may stay scaled until the optimizer's own kernel divides them (a fused
+  /// optim::ScaledStepOptimizer under '16-mixed'): the loops then skip their unscale before
+  /// on_before_optimizer_step, as Lightning does for fused optimizers. Not under a strategy that
+  /// unscales its gradients itself (sharded stage 2 sums the inf flags over the ranks).
+  bool unscales_in_optimizer(torch::optim::Optimizer& optimizer) {
+    if constexpr (requires { strategy_.unscale_gradients(optimizer, precision_); })
+      return false;
+    else if constexpr (requires { precision_.unscales_in_optimizer(optimizer); })
+      return precision_.unscales_in_optimizer(optimizer);
+    else
+      return false;
+  }
 
   /// Clips by value or by norm (unscaling first). Returns the total norm before clipping for
   /// max_norm, an undefined tensor for clip_val.
@@ -673,6 +685,7 @@ class Trainer<A, S, P, Callbacks...> {
   FULGUR_DETAIL_INERT(convert_output)
   FULGUR_DETAIL_INERT(backward)
   FULGUR_DETAIL_INERT(unscale_gradients)
+  FULGUR_DETAIL_INERT(unscales_in_optimizer)
   FULGUR_DETAIL_INERT(clip_gradients)
   FULGUR_DETAIL_INERT(optimizer_step)
   FULGUR_DETAIL_INERT(no_backward_sync)

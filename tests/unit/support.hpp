@@ -111,6 +111,21 @@ inline std::string temporary_directory(const std::string& name) {
   return path;
 }
 
+/// An optimizer's LibTorch archive (Optimizer::save), as bytes; and loading such bytes.
+inline std::string archive_bytes(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+inline void load_archive_bytes(torch::optim::Optimizer& optimizer, const std::string& bytes) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  optimizer.load(archive);
+}
+
 inline fulgur::TrainerConfig quiet(fulgur::TrainerConfig c = {}) {
   c.enable_progress_bar = false;
   return c;

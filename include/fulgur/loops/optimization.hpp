@@ -7,7 +7,8 @@
 //   on the first batch of an accumulation window: on_before_zero_grad, optimizer.zero_grad()
 //   on_before_backward(loss / accumulate), backward (no gradient sync on accumulating batches),
 //   on_after_backward
-//   on a stepping batch: unscale (hooks see true gradients), on_before_optimizer_step, clipping,
+//   on a stepping batch: unscale (hooks see true gradients; not for a fused optimizer under the loss
+//   scaler, whose kernel unscales, as in Lightning), on_before_optimizer_step, clipping (which unscales),
 //   the optimizer step through strategy and precision (false: the loss scaler skipped it)
 //
 // Manual: the whole training_step runs in the forward context and drives backward and the steps
@@ -115,7 +116,7 @@ class AutomaticOptimization {
   }
 
   bool step() {
-    fabric_.unscale_gradients(optimizer_);
+    if (!fabric_.unscales_in_optimizer(optimizer_)) fabric_.unscale_gradients(optimizer_);
     hook_(hooks::on_before_optimizer_step, optimizer_);
     if (config_.gradient_clip_val && *config_.gradient_clip_val > 0.0) {
       ClipGradients clip{.error_if_nonfinite = false};
@@ -174,7 +175,7 @@ class ManualOptimization {
   static bool step(void* self, std::size_t index) {
     auto& loop = *static_cast<ManualOptimization*>(self);
     torch::optim::Optimizer& optimizer = *loop.optimizers_[index].optimizer;
-    loop.fabric_.unscale_gradients(optimizer);
+    if (!loop.fabric_.unscales_in_optimizer(optimizer)) loop.fabric_.unscale_gradients(optimizer);
     loop.hook_(hooks::on_before_optimizer_step, optimizer);
     const bool ran = loop.fabric_.optimizer_step(optimizer);
     count_optimizer_step(loop.progress_, ran, loop.config_, loop.hook_.ctx(), Fabric::precision_type::name);

@@ -40,6 +40,10 @@ class GradScaler {
 
   /// Unscales if not done yet; calls optimizer.step() unless a gradient was inf/NaN.
   /// Returns whether the optimizer stepped (one host sync, as in Python).
+  /// An optim::ScaledStepOptimizer (the fused optimizers) takes Python's path for optimizers with
+  /// `_step_supports_amp_scaling` instead: the gradients are only checked for inf/NaN (not divided),
+  /// and the optimizer gets the scale (none if unscale_ ran) and the flag, and skips on the device.
+  /// The flag is read after the step is queued, for the return value only.
   bool step(torch::optim::Optimizer& optimizer);
 
   /// Backs off on inf/NaN, grows after growth_interval clean steps; resets the stages.
@@ -84,6 +88,7 @@ class GradScaler {
     const torch::optim::Optimizer* optimizer = nullptr;
     Stage stage = Stage::ready;
     std::vector<DeviceFlags> devices;
+    bool scales_in_kernel = false;  // an optim::ScaledStepOptimizer (decided once, at the first use)
   };
   struct GradGroup {  // gradients of one (device, dtype), rebuilt each unscale without reallocating
     c10::Device device;
@@ -92,6 +97,11 @@ class GradScaler {
   };
 
   OptimizerRecord& record_for(const torch::optim::Optimizer& optimizer);
+  /// Python's _unscale_grads_: checks every gradient for inf/NaN into the record's per-device flags,
+  /// dividing by the scale when `unscale` (else by 1: _check_inf_per_device, for a ScaledStepOptimizer).
+  void check_gradients(torch::optim::Optimizer& optimizer, OptimizerRecord& record, bool unscale);
+  /// The flags of `record`'s devices, summed on the scale's device (the flag itself on one device).
+  const at::Tensor& combined_found_inf(OptimizerRecord& record);
   void require_initialised(const char* function) const;
   void lazy_init(const c10::Device& device);
   DeviceFlags& flags_for(OptimizerRecord& record, const c10::Device& device);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fulgur/errors.hpp"
+#include "fulgur/optim/scaled_step.hpp"
 #include "fulgur/precision/common.hpp"
 #include "fulgur/precision/grad_scaler.hpp"
 #include "fulgur/precision/guards.hpp"
@@ -71,6 +72,14 @@ class MixedPrecision {
   void unscale_gradients(torch::optim::Optimizer& optimizer) {
     if constexpr (uses_scaler)
       if (scaler_.stage(optimizer) == GradScaler::Stage::ready) scaler_.unscale_(optimizer);
+  }
+  /// Whether the scaler hands the scale to the optimizer's kernel (an optim::ScaledStepOptimizer):
+  /// the gradients then need no unscaling pass of their own.
+  bool unscales_in_optimizer(const torch::optim::Optimizer& optimizer) const {
+    if constexpr (uses_scaler)
+      return scaler_.is_enabled() && dynamic_cast<const optim::ScaledStepOptimizer*>(&optimizer) != nullptr;
+    else
+      return false;
   }
   /// Steps unless the scaler found an inf/NaN gradient; returns whether it stepped.
   bool optimizer_step(torch::optim::Optimizer& optimizer) {

@@ -1,0 +1,253 @@
+// fulgur::optim's schedulers against torch.optim.lr_scheduler, step for step: each group's learning
+// rate (and OneCycleLR's momentum) after construction and after each of 12 steps, get_last_lr(),
+// state_dict()'s keys in Python's order and its values, and a state_dict round trip mid-run (golden
+// values from the venv's torch at test time: scripts/make_golden.py's scheduler scenarios).
+#include <catch2/catch.hpp>
+
+#include <sstream>
+
+#include "unit/support.hpp"
+
+using namespace fulgur;
+
+namespace {
+
+const std::vector<double> kPlateauMetrics{1.0, 0.9, 0.95, 0.97, 0.96, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1};
+const std::vector<std::string> kScenarios{"step",     "multistep", "exponential", "cosine",     "warm_restarts",
+                                          "linear",   "onecycle",  "onecycle_adam", "lambda",   "sequential",
+                                          "plateau",  "plateau_max_abs"};
+
+/// Two param groups, lr 0.1 and 0.05: SGD with momentum 0.9, or Adam (make_golden.py's).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(bool adam) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (double lr : {0.1, 0.05}) {
+    std::unique_ptr<torch::optim::OptimizerOptions> options;
+    if (adam) options = std::make_unique<torch::optim::AdamOptions>(lr);
+    else options = std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(lr).momentum(0.9));
+    groups.emplace_back(std::vector<at::Tensor>{torch::zeros({2}).requires_grad_(true)}, std::move(options));
+  }
+  if (adam) return std::make_unique<torch::optim::Adam>(std::move(groups), torch::optim::AdamOptions(0.1));
+  return std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+/// One scenario's scheduler, made as make_golden.py makes Python's.
+struct Scheduler {
+  std::unique_ptr<optim::LRScheduler> stepwise;
+  std::unique_ptr<optim::ReduceLROnPlateau> plateau;
+  void step(int i) { plateau ? plateau->step(kPlateauMetrics[static_cast<std::size_t>(i)]) : stepwise->step(); }
+  std::vector<double> last() const { return plateau ? plateau->get_last_lr() : stepwise->get_last_lr(); }
+  StateDict state() const { return plateau ? plateau->state_dict() : stepwise->state_dict(); }
+  void load(const StateDict& s) { plateau ? plateau->load_state_dict(s) : stepwise->load_state_dict(s); }
+};
+
+Scheduler make_scheduler(const std::string& name, torch::optim::Optimizer& o) {
+  using namespace fulgur::optim;
+  Scheduler s;
+  if (name == "step") s.stepwise = std::make_unique<StepLR>(o, 2, 0.5);
+  else if (name == "multistep") s.stepwise = std::make_unique<MultiStepLR>(o, std::vector<std::int64_t>{2, 5, 5}, 0.3);
+  else if (name == "exponential") s.stepwise = std::make_unique<ExponentialLR>(o, 0.9);
+  else if (name == "cosine") s.stepwise = std::make_unique<CosineAnnealingLR>(o, 4, 0.001);
+  else if (name == "warm_restarts") s.stepwise = std::make_unique<CosineAnnealingWarmRestarts>(o, 3, 2, 0.001);
+  else if (name == "linear") s.stepwise = std::make_unique<LinearLR>(o, 0.25, 1.0, 4);
+  else if (name == "onecycle")
+    s.stepwise = std::make_unique<OneCycleLR>(o, std::vector<double>{1.0, 0.5}, OneCycleOptions{.total_steps = 12});
+  else if (name == "onecycle_adam")
+    s.stepwise = std::make_unique<OneCycleLR>(
+        o, 0.01,
+        OneCycleOptions{.total_steps = 12, .anneal_strategy = OneCycleOptions::Anneal::linear, .three_phase = true});
+  else if (name == "lambda")
+    s.stepwise = std::make_unique<LambdaLR>(o, [](std::int64_t e) { return std::pow(0.95, static_cast<double>(e)); });
+  else if (name == "sequential") {
+    std::vector<std::unique_ptr<LRScheduler>> parts;
+    parts.push_back(std::make_unique<LinearLR>(o, 0.1, 1.0, 3));
+    parts.push_back(std::make_unique<CosineAnnealingLR>(o, 6));
+    s.stepwise = std::make_unique<SequentialLR>(o, std::move(parts), std::vector<std::int64_t>{3});
+  } else if (name == "plateau")
+    s.plateau = std::make_unique<ReduceLROnPlateau>(
+        o, ReduceLROnPlateauOptions{.factor = 0.5, .patience = 1, .threshold = 0.01, .cooldown = 1});
+  else if (name == "plateau_max_abs")
+    s.plateau = std::make_unique<ReduceLROnPlateau>(
+        o, ReduceLROnPlateauOptions{.mode = ReduceLROnPlateauOptions::Mode::max, .factor = 0.5, .patience = 0,
+                                    .threshold = 0.05, .threshold_mode = ReduceLROnPlateauOptions::ThresholdMode::abs,
+                                    .min_lr = {0.02, 0.01}});
+  else throw std::invalid_argument(name);
+  return s;
+}
+
+at::Tensor as_tensor(const std::vector<double>& values) { return torch::tensor(values, at::kDouble); }
+
+at::Tensor group_lrs(torch::optim::Optimizer& o) {
+  std::vector<double> lrs;
+  for (auto& group : o.param_groups()) lrs.push_back(group.options().get_lr());
+  return as_tensor(lrs);
+}
+
+at::Tensor group_momenta(torch::optim::Optimizer& o) {
+  std::vector<double> momenta;
+  for (auto& group : o.param_groups()) {
+    if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options())) momenta.push_back(sgd->momentum());
+    else momenta.push_back(std::get<0>(static_cast<torch::optim::AdamOptions&>(group.options()).betas()));
+  }
+  return as_tensor(momenta);
+}
+
+void check_step(torch::optim::Optimizer& o, const Scheduler& s, std::map<std::string, at::Tensor>& g,
+                const std::string& tag) {
+  INFO(tag);
+  CHECK(test::identical(group_lrs(o), g[tag + ".lr"]));
+  CHECK(test::identical(as_tensor(s.last()), g[tag + ".last"]));
+  CHECK(test::identical(group_momenta(o), g[tag + ".momentum"]));
+}
+
+/// make_golden.py's _flat_state: numbers and lists of numbers, nested schedulers as "_schedulers.i.".
+void flatten(const StateDict& state, const std::string& prefix, std::map<std::string, at::Tensor>& out) {
+  for (const auto& item : state) {
+    const std::string key = prefix + item.key().toStringRef();
+    const c10::IValue& v = item.value();
+    if (v.isBool()) out[key] = torch::tensor(v.toBool() ? 1.0 : 0.0, at::kDouble);
+    else if (v.isInt()) out[key] = torch::tensor(static_cast<double>(v.toInt()), at::kDouble);
+    else if (v.isDouble()) out[key] = torch::tensor(v.toDouble(), at::kDouble);
+    else if (v.isDoubleList() && !v.toDoubleList().empty()) out[key] = as_tensor(v.toDoubleList().vec());
+    else if (v.isIntList() && !v.toIntList().empty()) out[key] = torch::tensor(v.toIntList().vec(), at::kDouble);
+    else if (item.key().toStringRef() == "_schedulers")
+      for (std::size_t i = 0; i < v.toListRef().size(); ++i)
+        flatten(StateDict(v.toListRef()[i].toGenericDict()), key + "." + std::to_string(i) + ".", out);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fulgur::optim's schedulers equal torch.optim.lr_scheduler step for step", "[scheduler][golden]") {
+  for (const auto& name : kScenarios) {
+    INFO(name);
+    auto g = test::read_golden("scheduler_" + name + ".txt");
+    auto optimizer = make_optimizer(name == "onecycle_adam");
+    Scheduler scheduler = make_scheduler(name, *optimizer);
+    check_step(*optimizer, scheduler, g, "init");
+    for (int i = 0; i < 12; ++i) {
+      scheduler.step(i);
+      check_step(*optimizer, scheduler, g, "step" + std::to_string(i));
+    }
+    // state_dict: Python's keys in Python's order, its numbers equal.
+    std::ifstream keys_file(std::string(FULGUR_GOLDEN_DIR) + "/scheduler_" + name + "_keys.txt");
+    const std::vector<std::string> python_keys{std::istream_iterator<std::string>(keys_file), {}};
+    const StateDict state = scheduler.state();
+    std::vector<std::string> keys;
+    for (const auto& item : state) keys.push_back(item.key().toStringRef());
+    CHECK(keys == python_keys);
+    std::map<std::string, at::Tensor> flat;
+    flatten(state, "state.", flat);
+    std::size_t golden_entries = 0;
+    for (const auto& [key, value] : g) {
+      if (key.rfind("state.", 0) != 0) continue;
+      ++golden_entries;
+      INFO(key);
+      REQUIRE(flat.count(key) == 1);
+      CHECK(test::identical(flat.at(key), value.reshape(flat.at(key).sizes())));
+    }
+    CHECK(flat.size() == golden_entries);
+  }
+}
+
+TEST_CASE("A scheduler's state_dict resumes the schedule mid-run, with the optimizer's state", "[scheduler][checkpoint]") {
+  for (const auto& name : kScenarios) {
+    INFO(name);
+    auto g = test::read_golden("scheduler_" + name + ".txt");
+    const bool adam = name == "onecycle_adam";
+    auto optimizer = make_optimizer(adam);
+    Scheduler scheduler = make_scheduler(name, *optimizer);
+    for (int i = 0; i < 6; ++i) scheduler.step(i);
+    const StateDict saved = scheduler.state();
+    const std::string archive = test::archive_bytes(*optimizer);
+    // A new run: the optimizer and scheduler made afresh, then both loaded (as fit's resume does).
+    auto resumed_optimizer = make_optimizer(adam);
+    Scheduler resumed = make_scheduler(name, *resumed_optimizer);
+    test::load_archive_bytes(*resumed_optimizer, archive);
+    resumed.load(saved);
+    for (int i = 6; i < 12; ++i) {
+      resumed.step(i);
+      check_step(*resumed_optimizer, resumed, g, "step" + std::to_string(i));
+    }
+  }
+}
+
+TEST_CASE("LibTorch's StepLR decays one epoch late; fulgur::optim::StepLR as Python", "[scheduler]") {
+  auto libtorch_optimizer = make_optimizer(false), fulgur_optimizer = make_optimizer(false);
+  torch::optim::StepLR libtorch(*libtorch_optimizer, 2, 0.5);
+  optim::StepLR exact(*fulgur_optimizer, 2, 0.5);
+  std::vector<double> libtorch_lrs, fulgur_lrs;
+  for (int epoch = 0; epoch < 5; ++epoch) {
+    libtorch_lrs.push_back(libtorch_optimizer->param_groups()[0].options().get_lr());
+    fulgur_lrs.push_back(fulgur_optimizer->param_groups()[0].options().get_lr());
+    libtorch.step();
+    exact.step();
+  }
+  CHECK(libtorch_lrs == std::vector<double>{0.1, 0.1, 0.1, 0.05, 0.05});
+  CHECK(fulgur_lrs == std::vector<double>{0.1, 0.1, 0.05, 0.05, 0.025});
+}
+
+TEST_CASE("Schedulers refuse arguments Python refuses, with the reason", "[scheduler][errors]") {
+  auto o = make_optimizer(false);
+  using namespace fulgur::optim;
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { LinearLR(*o, 0.0); }),
+             Catch::Contains("starting multiplicative factor expected to be greater than 0"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { OneCycleLR(*o, 0.1, OneCycleOptions{}); }),
+             Catch::Contains("you must define either total_steps OR (epochs AND steps_per_epoch)"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { OneCycleLR(*o, std::vector<double>{0.1}, {.total_steps = 4}); }),
+             Catch::Contains("max_lr has 1 values, param_groups has 2"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] {
+               OneCycleLR one(*o, 0.1, {.total_steps = 2});
+               for (int i = 0; i < 3; ++i) one.step();
+             }),
+             Catch::Contains("tried to step 3 times. The specified number of total steps is 2"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { ReduceLROnPlateau(*o, {.factor = 1.0}); }),
+             Catch::Contains("factor should be < 1.0"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { ReduceLROnPlateau(*o, {.min_lr = {0.1, 0.2, 0.3}}); }),
+             Catch::Contains("expected 2 min_lrs, got 3"));
+  auto other = make_optimizer(false);
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] {
+               std::vector<std::unique_ptr<LRScheduler>> parts;
+               parts.push_back(std::make_unique<StepLR>(*other, 2));
+               SequentialLR(*o, std::move(parts), {});
+             }),
+             Catch::Contains("expects all schedulers to belong to the same optimizer"));
+  StepLR step(*o, 2);
+  StateDict broken = step.state_dict();
+  broken.insert("last_epoch", std::string("three"));
+  CHECK_THAT(test::message_of<CheckpointError>([&] { step.load_state_dict(broken); }),
+             Catch::Contains("'last_epoch' is a String, not an integer"));
+}
+
+namespace {
+
+/// The unit tests' classifier, its SGD stepped per epoch by fulgur::optim::StepLR; records each epoch's lr.
+struct ScheduledClassifierImpl : test::ClassifierImpl {
+  OptimizerConfig configure_optimizers() {
+    auto sgd = std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto step = std::make_unique<optim::StepLR>(*sgd, 2, 0.5);
+    return OptimizerConfig{std::move(sgd), std::move(step)};
+  }
+  void on_before_optimizer_step(torch::optim::Optimizer& optimizer) {
+    lrs.push_back(optimizer.param_groups()[0].options().get_lr());
+  }
+  std::vector<double> lrs;  // at each optimizer step: 2 an epoch
+};
+TORCH_MODULE(ScheduledClassifier);
+
+}  // namespace
+
+TEST_CASE("fit steps a fulgur::optim scheduler per epoch as Lightning steps Python's", "[scheduler][fit]") {
+  auto g = test::read_golden("scheduler_step.txt");
+  const auto [x, y] = test::classification_data(64);
+  ScheduledClassifier model;
+  test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 5}));
+  trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 32}));
+  REQUIRE(model->lrs.size() == 10);
+  // Epoch e trains with the lr after e scheduler steps: Python's init, step0, step1, ... (group 0).
+  for (std::size_t e = 0; e < 5; ++e) {
+    INFO("epoch " << e);
+    const std::string tag = e == 0 ? "init" : "step" + std::to_string(e - 1);
+    CHECK(model->lrs[2 * e] == g[tag + ".lr"][0].item<double>());
+    CHECK(model->lrs[2 * e + 1] == model->lrs[2 * e]);
+  }
+}
