@@ -37,18 +37,29 @@ FusedAdamBase<Options, ParamState, Decoupled>::FusedAdamBase(
   check_option(beta1 >= 0 && beta1 < 1, name, "betas[0]", beta1, "in [0, 1)");
   check_option(beta2 >= 0 && beta2 < 1, name, "betas[1]", beta2, "in [0, 1)");
   check_option(defaults.weight_decay() >= 0, name, "weight_decay", defaults.weight_decay(), ">= 0");
+  check_fused_parameters(*this, name);
 }
 
 template <class Options, class ParamState, bool Decoupled>
 FusedStepState<ParamState>& FusedAdamBase<Options, ParamState, Decoupled>::state_of(const at::Tensor& param,
                                                                                       const Options& options) {
+  const char* name = Decoupled ? "FusedAdamW" : "FusedAdam";
   auto& slot = state_[param.unsafeGetTensorImpl()];
-  if (auto* own = dynamic_cast<FusedStepState<ParamState>*>(slot.get())) return *own;
-  check_fused_parameter(param, Decoupled ? "FusedAdamW" : "FusedAdam");
+  if (auto* own = dynamic_cast<FusedStepState<ParamState>*>(slot.get())) {
+    if (own->exp_avg().sizes() != param.sizes()) fitted_buffer(own->exp_avg(), param, name, "exp_avg");  // throws
+    if (options.amsgrad() && !own->max_exp_avg_sq().defined())  // amsgrad turned on mid-run: a fresh maximum
+      own->max_exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Preserve));
+    return *own;
+  }
+  check_fused_parameter(param, name);
   auto state = std::make_unique<FusedStepState<ParamState>>();
   if (const auto* loaded = dynamic_cast<const ParamState*>(slot.get())) {
-    // A state LibTorch's Adam wrote (or load() read): its buffers, and its integer step on the device.
+    // A state LibTorch's Adam wrote (or load() read): its buffers, fitted to the parameter, and its
+    // integer step on the device.
     static_cast<ParamState&>(*state) = *loaded;
+    state->exp_avg(fitted_buffer(loaded->exp_avg(), param, name, "exp_avg"));
+    state->exp_avg_sq(fitted_buffer(loaded->exp_avg_sq(), param, name, "exp_avg_sq"));
+    state->max_exp_avg_sq(fitted_buffer(loaded->max_exp_avg_sq(), param, name, "max_exp_avg_sq"));
     state->step_count = at::full({}, static_cast<double>(loaded->step()), param.options().dtype(at::kFloat));
   } else {
     state->step_count = at::zeros({}, param.options().dtype(at::kFloat));

@@ -30,6 +30,30 @@ inline void check_fused_parameter(const at::Tensor& param, const char* optimizer
                                 param.device().str() + ". Use torch::optim's unfused optimizer for it.");
 }
 
+/// Python's check at construction: every parameter of every group.
+inline void check_fused_parameters(const torch::optim::Optimizer& optimizer, const char* name) {
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& param : group.params()) check_fused_parameter(param, name);
+}
+
+/// A state buffer that fits `param`: the kernel trusts sizes, so another shape (a state loaded from an
+/// optimizer over other parameters) is an error here rather than memory corruption there; another
+/// dtype or device is converted, as Python's Optimizer.load_state_dict casts state to its parameter's.
+inline at::Tensor fitted_buffer(const at::Tensor& buffer, const at::Tensor& param, const char* optimizer,
+                                const char* name) {
+  if (!buffer.defined()) return buffer;
+  if (buffer.sizes() != param.sizes()) {
+    std::ostringstream text;
+    text << optimizer << ": the optimizer state's " << name << " has shape " << buffer.sizes()
+         << ", its parameter " << param.sizes()
+         << ": the state was saved by an optimizer over other parameters. Load the state of an optimizer over the "
+            "same parameters, in the same order.";
+    throw CheckpointError(text.str());
+  }
+  if (buffer.scalar_type() != param.scalar_type() || buffer.device() != param.device()) return buffer.to(param.options());
+  return buffer;
+}
+
 /// The bucket of `param`'s device and dtype, made on first use (then reused, its vectors' capacity kept).
 template <class Bucket>
 Bucket& bucket_for(std::vector<Bucket>& buckets, const at::Tensor& param) {

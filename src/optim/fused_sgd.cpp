@@ -25,6 +25,7 @@ FusedSGD::FusedSGD(const std::vector<torch::optim::OptimizerParamGroup>& param_g
   check_option(defaults.weight_decay() >= 0, "FusedSGD", "weight_decay", defaults.weight_decay(), ">= 0");
   if (defaults.nesterov() && !(defaults.momentum() > 0 && defaults.dampening() == 0))
     throw MisconfigurationError("FusedSGD: Nesterov momentum requires a momentum > 0 and zero dampening (as SGD).");
+  detail::check_fused_parameters(*this, "FusedSGD");
 }
 
 void FusedSGD::update(const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
@@ -43,8 +44,11 @@ void FusedSGD::update(const std::optional<at::Tensor>& grad_scale, const std::op
       if (!momentum || found != state_.end()) {
         bucket.params.push_back(param);
         bucket.grads.push_back(grad);
-        if (momentum)
-          bucket.buffers.push_back(static_cast<torch::optim::SGDParamState&>(*found->second).momentum_buffer());
+        if (momentum) {
+          const at::Tensor& buffer = static_cast<torch::optim::SGDParamState&>(*found->second).momentum_buffer();
+          if (buffer.sizes() != param.sizes()) detail::fitted_buffer(buffer, param, "FusedSGD", "momentum_buffer");
+          bucket.buffers.push_back(buffer);
+        }
       } else {  // the parameter's first step with momentum: the kernel copies the gradient into a new buffer
         bucket.first_params.push_back(param);
         bucket.first_grads.push_back(grad);
@@ -91,6 +95,13 @@ void FusedSGD::save(torch::serialize::OutputArchive& archive) const {
 
 void FusedSGD::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<torch::optim::SGDParamState, torch::optim::SGDOptions>(archive, *this);
+  for (const auto& group : param_groups_)
+    for (const auto& param : group.params()) {
+      const auto found = state_.find(param.unsafeGetTensorImpl());
+      if (found == state_.end()) continue;
+      auto& state = static_cast<torch::optim::SGDParamState&>(*found->second);
+      state.momentum_buffer(detail::fitted_buffer(state.momentum_buffer(), param, "FusedSGD", "momentum_buffer"));
+    }
 }
 
 }  // namespace fulgur::optim

@@ -142,6 +142,14 @@ void LRScheduler::update_lr(std::optional<std::int64_t> epoch) {
   last_lr_ = group_lrs();
 }
 
+double LRScheduler::base_lr(std::size_t group) const {
+  if (group >= base_lrs_.size())
+    refuse("fulgur::optim: the optimizer has " + std::to_string(groups()) + " param groups and the scheduler " +
+           std::to_string(base_lrs_.size()) + " base learning rates: a group was added to the optimizer after the "
+           "scheduler was made; make the scheduler after the last add_param_group.");
+  return base_lrs_[group];
+}
+
 StateDict LRScheduler::state_dict() const {
   StateDict state;
   own_state_before(state);
@@ -195,6 +203,10 @@ void LambdaLR::own_state_after(StateDict& state) const {
   state.insert("lr_lambdas", none);  // Python's None for a function: it is not state
 }
 
+void LambdaLR::load_own_state(const StateDict& state) {
+  entry(state, "lr_lambdas");  // a LambdaLR's state (its functions are not state: they stay)
+}
+
 // ---- StepLR --------------------------------------------------------------------------------------
 
 StepLR::StepLR(torch::optim::Optimizer& optimizer, std::int64_t step_size, double gamma)
@@ -215,6 +227,13 @@ std::optional<std::vector<double>> StepLR::closed_form_lr() const {
   for (double base : base_lrs_)
     lrs.push_back(base * std::pow(gamma_, static_cast<double>(floor_div(last_epoch_, step_size_))));
   return lrs;
+}
+
+void StepLR::load_own_state(const StateDict& state) {
+  const std::int64_t step_size = int_entry(state, "step_size");
+  const double gamma = double_entry(state, "gamma");
+  step_size_ = step_size;
+  gamma_ = gamma;
 }
 
 void StepLR::own_state_before(StateDict& state) const {
@@ -249,6 +268,22 @@ std::optional<std::vector<double>> MultiStepLR::closed_form_lr() const {
   return lrs;
 }
 
+void MultiStepLR::load_own_state(const StateDict& state) {
+  const c10::IValue counter = entry(state, "milestones");
+  if (!counter.isGenericDict()) bad_state("milestones", "is a " + std::string(counter.tagKind()) + ", not a dictionary");
+  std::map<std::int64_t, std::int64_t> milestones;
+  std::vector<std::int64_t> given;
+  for (const auto& item : counter.toGenericDict()) {
+    if (!item.key().isInt() || !item.value().isInt()) bad_state("milestones", "does not map epochs to counts");
+    milestones[item.key().toInt()] = item.value().toInt();
+    given.push_back(item.key().toInt());
+  }
+  const double gamma = double_entry(state, "gamma");
+  milestones_ = std::move(milestones);
+  given_ = std::move(given);
+  gamma_ = gamma;
+}
+
 void MultiStepLR::own_state_before(StateDict& state) const {
   c10::Dict<std::int64_t, std::int64_t> counter;  // Python's Counter, in the order the milestones were given
   for (std::int64_t m : given_) counter.insert(m, milestones_.at(m));
@@ -277,6 +312,8 @@ std::optional<std::vector<double>> ExponentialLR::closed_form_lr() const {
 
 void ExponentialLR::own_state_before(StateDict& state) const { state.insert("gamma", gamma_); }
 
+void ExponentialLR::load_own_state(const StateDict& state) { gamma_ = double_entry(state, "gamma"); }
+
 // ---- CosineAnnealingLR ---------------------------------------------------------------------------
 
 CosineAnnealingLR::CosineAnnealingLR(torch::optim::Optimizer& optimizer, std::int64_t T_max, double eta_min)
@@ -290,11 +327,10 @@ std::vector<double> CosineAnnealingLR::get_lr() {
   if (is_initial_) return lrs;
   const double e = static_cast<double>(last_epoch_), t = static_cast<double>(t_max_);
   for (std::size_t i = 0; i < lrs.size(); ++i) {
-    const double base = base_lrs_[i];
     if (step_count_ == 1 && last_epoch_ > 0)
-      lrs[i] = eta_min_ + (base - eta_min_) * (1 + std::cos(e * kPi / t)) / 2;
+      lrs[i] = eta_min_ + (base_lr(i) - eta_min_) * (1 + std::cos(e * kPi / t)) / 2;
     else if (floor_mod(last_epoch_ - 1 - t_max_, 2 * t_max_) == 0)
-      lrs[i] = lrs[i] + (base - eta_min_) * (1 - std::cos(kPi / t)) / 2;
+      lrs[i] = lrs[i] + (base_lr(i) - eta_min_) * (1 - std::cos(kPi / t)) / 2;
     else
       lrs[i] = (1 + std::cos(kPi * e / t)) / (1 + std::cos(kPi * (e - 1) / t)) * (lrs[i] - eta_min_) + eta_min_;
   }
@@ -306,6 +342,13 @@ std::optional<std::vector<double>> CosineAnnealingLR::closed_form_lr() const {
   std::vector<double> lrs;
   for (double base : base_lrs_) lrs.push_back(eta_min_ + (base - eta_min_) * (1 + std::cos(kPi * e / t)) / 2);
   return lrs;
+}
+
+void CosineAnnealingLR::load_own_state(const StateDict& state) {
+  const std::int64_t t_max = int_entry(state, "T_max");
+  const double eta_min = double_entry(state, "eta_min");
+  t_max_ = t_max;
+  eta_min_ = eta_min;
 }
 
 void CosineAnnealingLR::own_state_before(StateDict& state) const {
@@ -358,11 +401,15 @@ void CosineAnnealingWarmRestarts::own_state_before(StateDict& state) const {
   state.insert("T_cur", t_cur_);
 }
 
-void CosineAnnealingWarmRestarts::load_state_dict(const StateDict& state) {
-  const std::int64_t t_i = int_entry(state, "T_i"), t_cur = int_entry(state, "T_cur");
-  LRScheduler::load_state_dict(state);
+void CosineAnnealingWarmRestarts::load_own_state(const StateDict& state) {
+  const std::int64_t t_0 = int_entry(state, "T_0"), t_i = int_entry(state, "T_i"), t_mult = int_entry(state, "T_mult"),
+                     t_cur = int_entry(state, "T_cur");
+  const double eta_min = double_entry(state, "eta_min");
+  t_0_ = t_0;
   t_i_ = t_i;
+  t_mult_ = t_mult;
   t_cur_ = t_cur;
+  eta_min_ = eta_min;
 }
 
 // ---- LinearLR ------------------------------------------------------------------------------------
@@ -399,6 +446,14 @@ std::optional<std::vector<double>> LinearLR::closed_form_lr() const {
                                               static_cast<double>(std::min(total_iters_, last_epoch_)) /
                                               static_cast<double>(total_iters_)));
   return lrs;
+}
+
+void LinearLR::load_own_state(const StateDict& state) {
+  const double start = double_entry(state, "start_factor"), end = double_entry(state, "end_factor");
+  const std::int64_t total = int_entry(state, "total_iters");
+  start_factor_ = start;
+  end_factor_ = end;
+  total_iters_ = total;
 }
 
 void LinearLR::own_state_before(StateDict& state) const {
@@ -515,6 +570,20 @@ std::vector<double> OneCycleLR::get_lr() {
     if (cycle_momentum_) MomentumOf{param_groups[g].options()}.set(momentum);
   }
   return lrs;
+}
+
+void OneCycleLR::load_own_state(const StateDict& state) {
+  const std::int64_t total = int_entry(state, "total_steps");
+  const c10::IValue phases = entry(state, "_schedule_phases");
+  if (!phases.isList() || phases.toListRef().size() != phases_.size())
+    bad_state("_schedule_phases", "does not hold this OneCycleLR's " + std::to_string(phases_.size()) + " phases");
+  std::vector<double> ends;
+  for (const c10::IValue& phase : phases.toListRef()) {
+    if (!phase.isGenericDict()) bad_state("_schedule_phases", "holds a " + std::string(phase.tagKind()) + ", not a phase");
+    ends.push_back(double_entry(StateDict(phase.toGenericDict()), "end_step"));
+  }
+  total_steps_ = total;
+  for (std::size_t i = 0; i < ends.size(); ++i) phases_[i].end_step = ends[i];
 }
 
 void OneCycleLR::own_state_before(StateDict& state) const {
@@ -695,10 +764,26 @@ StateDict ReduceLROnPlateau::state_dict() const {
 }
 
 void ReduceLROnPlateau::load_state_dict(const StateDict& state) {
+  // Python's restores every attribute, its arguments included.
+  ReduceLROnPlateauOptions options = options_;
+  options.factor = double_entry(state, "factor");
+  options.patience = int_entry(state, "patience");
+  options.cooldown = int_entry(state, "cooldown");
+  options.eps = double_entry(state, "eps");
+  options.threshold = double_entry(state, "threshold");
+  const c10::IValue mode = entry(state, "mode"), threshold_mode = entry(state, "threshold_mode");
+  if (!mode.isString() || (mode.toStringRef() != "min" && mode.toStringRef() != "max"))
+    bad_state("mode", "is not 'min' or 'max'");
+  if (!threshold_mode.isString() || (threshold_mode.toStringRef() != "rel" && threshold_mode.toStringRef() != "abs"))
+    bad_state("threshold_mode", "is not 'rel' or 'abs'");
+  options.mode = mode.toStringRef() == "min" ? ReduceLROnPlateauOptions::Mode::min : ReduceLROnPlateauOptions::Mode::max;
+  options.threshold_mode = threshold_mode.toStringRef() == "rel" ? ReduceLROnPlateauOptions::ThresholdMode::rel
+                                                                 : ReduceLROnPlateauOptions::ThresholdMode::abs;
   const double best = double_entry(state, "best");
   const std::int64_t last_epoch = int_entry(state, "last_epoch"), cooldown_counter = int_entry(state, "cooldown_counter"),
                      bad = int_entry(state, "num_bad_epochs");
   std::vector<double> min_lrs = doubles_entry(state, "min_lrs"), last = doubles_entry(state, "_last_lr");
+  options_ = std::move(options);
   best_ = best;
   last_epoch_ = last_epoch;
   cooldown_counter_ = cooldown_counter;

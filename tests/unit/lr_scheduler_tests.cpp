@@ -251,3 +251,23 @@ TEST_CASE("fit steps a fulgur::optim scheduler per epoch as Lightning steps Pyth
     CHECK(model->lrs[2 * e + 1] == model->lrs[2 * e]);
   }
 }
+
+TEST_CASE("Schedulers: a group added later, and a state of another kind, are errors", "[scheduler][errors]") {
+  // Found by a probe: CosineAnnealingLR read past its base learning rates for a group added later.
+  auto o = make_optimizer(false);
+  optim::CosineAnnealingLR cosine(*o, 1);
+  o->add_param_group(torch::optim::OptimizerParamGroup({torch::zeros({1}).requires_grad_(true)},
+                                                       std::make_unique<torch::optim::SGDOptions>(0.2)));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { cosine.step(); cosine.step(); }),
+             Catch::Contains("a group was added to the optimizer after the scheduler was made"));
+  auto fresh = make_optimizer(false);
+  optim::StepLR step(*fresh, 2);
+  optim::CosineAnnealingLR other(*fresh, 4);
+  CHECK_THAT(test::message_of<CheckpointError>([&] { step.load_state_dict(other.state_dict()); }),
+             Catch::Contains("'step_size' is missing"));
+  CHECK(step.last_epoch() == 0);  // unchanged
+  // Python's load_state_dict restores the scheduler's own arguments too.
+  optim::StepLR three(*fresh, 3, 0.5);
+  step.load_state_dict(three.state_dict());
+  CHECK(step.state_dict().at("step_size").toInt() == 3);
+}

@@ -356,3 +356,47 @@ TEST_CASE("fit with a fused optimizer under '16-mixed': no unscaling pass, the s
   const auto [fused_clipped, fused_clipped_norms] = run(true, 0.5);
   for (std::size_t i = 0; i < plain.size(); ++i) CHECK(torch::allclose(plain_clipped[i], fused_clipped[i], 1e-4, 1e-5));
 }
+
+TEST_CASE("Fused optimizers refuse a loaded state of other shapes, and convert another dtype", "[optim][checkpoint]") {
+  // Found by a probe: the kernels trust sizes, so a state saved over other parameters corrupted memory.
+  auto small = torch::randn({4}).requires_grad_(true);
+  torch::optim::Adam adam({small});
+  torch::optim::SGD sgd({small}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  small.mutable_grad() = torch::randn({4});
+  adam.step();
+  sgd.step();
+  auto large = torch::randn({7000}).requires_grad_(true);
+  large.mutable_grad() = torch::ones_like(large);
+  optim::FusedAdam fused_adam({large});
+  test::load_archive_bytes(fused_adam, test::archive_bytes(adam));
+  CHECK_THAT(test::message_of<CheckpointError>([&] { fused_adam.step(); }),
+             Catch::Contains("FusedAdam: the optimizer state's exp_avg has shape [4], its parameter [7000]"));
+  optim::FusedSGD fused_sgd({large}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  CHECK_THAT(test::message_of<CheckpointError>([&] { test::load_archive_bytes(fused_sgd, test::archive_bytes(sgd)); }),
+             Catch::Contains("FusedSGD: the optimizer state's momentum_buffer has shape [4], its parameter [7000]"));
+  // A float32 state into float64 parameters: converted (Python's load_state_dict casts it).
+  auto wide = torch::randn({4}, at::kDouble).requires_grad_(true);
+  wide.mutable_grad() = torch::ones_like(wide);
+  optim::FusedAdam wide_adam({wide});
+  test::load_archive_bytes(wide_adam, test::archive_bytes(adam));
+  wide_adam.step();
+  CHECK(state_tensor(wide_adam, wide, "exp_avg").scalar_type() == at::kDouble);
+  CHECK(state_tensor(wide_adam, wide, "step").item<float>() == 2.0f);
+  optim::FusedSGD wide_sgd({wide}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  test::load_archive_bytes(wide_sgd, test::archive_bytes(sgd));
+  wide_sgd.step();
+  CHECK(wide.isfinite().all().item<bool>());
+}
+
+TEST_CASE("Fused optimizers check every parameter when made; amsgrad may be turned on mid-run", "[optim][errors]") {
+  auto whole = torch::ones({2}, at::kLong);
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { optim::FusedAdam({whole}); }),
+             Catch::Contains("FusedAdam runs on floating-point tensors on the CPU or a CUDA device; a parameter is Long"));
+  auto p = torch::ones({2}).requires_grad_(true);
+  optim::FusedAdam adam({p});
+  p.mutable_grad() = torch::ones({2});
+  adam.step();
+  static_cast<torch::optim::AdamOptions&>(adam.param_groups()[0].options()).amsgrad(true);
+  adam.step();
+  CHECK(state_tensor(adam, p, "max_exp_avg_sq").defined());
+}

@@ -47,8 +47,9 @@ class LRScheduler {
   /// Python's state_dict(): the same keys in the same order, with the same values (a function of
   /// LambdaLR is None, as in Python).
   virtual StateDict state_dict() const;
-  /// Restores what state_dict() gave (of a scheduler made with the same arguments); the optimizer's
-  /// learning rates are its own state (the optimizer's load restores them).
+  /// Restores what state_dict() gave, its own arguments included (as Python's does); a state of
+  /// another kind of scheduler is refused. The optimizer's learning rates are its own state (the
+  /// optimizer's load restores them).
   virtual void load_state_dict(const StateDict& state);
 
  protected:
@@ -62,7 +63,11 @@ class LRScheduler {
   /// The keys a scheduler sets before the base's (Python's __dict__ order), and after (LambdaLR).
   virtual void own_state_before(StateDict&) const {}
   virtual void own_state_after(StateDict&) const {}
+  /// Reads the scheduler's own keys (all of them before changing anything: a state of another kind
+  /// leaves it as it was).
   virtual void load_own_state(const StateDict&) {}
+  /// base_lrs_[group], or the error Python's zip(strict=True) raises as a clear one.
+  double base_lr(std::size_t group) const;
   std::vector<double> group_lrs() const;
   void set_group_lrs(const std::vector<double>& lrs);
   std::size_t groups() const { return optimizer_->param_groups().size(); }
@@ -89,6 +94,7 @@ class LambdaLR : public LRScheduler {
  private:
   std::vector<double> get_lr() override;
   void own_state_after(StateDict& state) const override;
+  void load_own_state(const StateDict& state) override;
   std::vector<Lambda> lr_lambdas_;
 };
 
@@ -101,6 +107,7 @@ class StepLR : public LRScheduler {
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override;
   void own_state_before(StateDict& state) const override;
+  void load_own_state(const StateDict& state) override;
   std::int64_t step_size_;
   double gamma_;
 };
@@ -114,6 +121,7 @@ class MultiStepLR : public LRScheduler {
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override;
   void own_state_before(StateDict& state) const override;
+  void load_own_state(const StateDict& state) override;
   std::map<std::int64_t, std::int64_t> milestones_;  // epoch -> how many times it was given
   std::vector<std::int64_t> given_;                  // as given (Python's Counter, in its order)
   double gamma_;
@@ -128,6 +136,7 @@ class ExponentialLR : public LRScheduler {
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override;
   void own_state_before(StateDict& state) const override;
+  void load_own_state(const StateDict& state) override;
   double gamma_;
 };
 
@@ -140,6 +149,7 @@ class CosineAnnealingLR : public LRScheduler {
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override;
   void own_state_before(StateDict& state) const override;
+  void load_own_state(const StateDict& state) override;
   std::int64_t t_max_;
   double eta_min_;
 };
@@ -150,11 +160,11 @@ class CosineAnnealingWarmRestarts : public LRScheduler {
   CosineAnnealingWarmRestarts(torch::optim::Optimizer& optimizer, std::int64_t T_0, std::int64_t T_mult = 1,
                               double eta_min = 0.0);
   void step() override;
-  void load_state_dict(const StateDict& state) override;
 
  private:
   std::vector<double> get_lr() override;
   void own_state_before(StateDict& state) const override;
+  void load_own_state(const StateDict& state) override;
   std::int64_t t_0_, t_i_, t_mult_;
   double eta_min_;
   std::int64_t t_cur_;
@@ -170,6 +180,7 @@ class LinearLR : public LRScheduler {
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override;
   void own_state_before(StateDict& state) const override;
+  void load_own_state(const StateDict& state) override;
   double start_factor_, end_factor_;
   std::int64_t total_iters_;
 };
@@ -206,6 +217,7 @@ class OneCycleLR : public LRScheduler {
   };
   std::vector<double> get_lr() override;
   void own_state_before(StateDict& state) const override;
+  void load_own_state(const StateDict& state) override;
   double anneal(double start, double end, double pct) const;
   std::int64_t total_steps_;
   std::vector<Phase> phases_;
