@@ -77,6 +77,38 @@ TEST_CASE("GradScaler: the CUDA kernels give the CPU results", "[cuda]") {
   CHECK(torch::allclose(cpu_p, gpu_p, 1e-6, 1e-7));
 }
 
+TEST_CASE("fused optimizers on CUDA: the CPU kernels' results, the scaler's skip on the device", "[cuda][optim]") {
+  // FusedAdam, FusedAdamW and FusedSGD under the GradScaler, an inf at step 3 (skipped in the kernel, no host
+  // decision): the CUDA kernels' parameters and step counts equal the CPU kernels' within float rounding.
+  auto run = [](c10::Device device, int which) {
+    torch::manual_seed(0);
+    auto p = torch::randn({64}).to(device).requires_grad_(true);
+    std::unique_ptr<optim::ScaledStepOptimizer> opt;
+    if (which == 0) opt = std::make_unique<optim::FusedAdam>(std::vector<at::Tensor>{p}, torch::optim::AdamOptions(1e-2));
+    else if (which == 1) opt = std::make_unique<optim::FusedAdamW>(std::vector<at::Tensor>{p}, torch::optim::AdamWOptions(1e-2));
+    else opt = std::make_unique<optim::FusedSGD>(std::vector<at::Tensor>{p}, torch::optim::SGDOptions(0.01).momentum(0.9));
+    GradScaler scaler({.init_scale = 1024.0, .growth_interval = 2});
+    int stepped = 0;
+    for (int i = 0; i < 6; ++i) {
+      auto loss = (p * p).sum() * (i == 3 ? std::numeric_limits<float>::infinity() : 1.0f);
+      scaler.scale(loss).backward();
+      stepped += scaler.step(*opt) ? 1 : 0;
+      scaler.update();
+      opt->zero_grad();
+    }
+    return std::tuple{p.detach().cpu(), scaler.get_scale(), stepped};
+  };
+  for (int which = 0; which < 3; ++which) {
+    INFO("optimizer " << which);
+    const auto [cpu_p, cpu_scale, cpu_steps] = run(c10::Device(c10::kCPU), which);
+    const auto [gpu_p, gpu_scale, gpu_steps] = run(c10::Device(c10::kCUDA, 0), which);
+    CHECK(cpu_steps == 5);
+    CHECK(gpu_steps == 5);
+    CHECK(cpu_scale == gpu_scale);
+    CHECK(torch::allclose(cpu_p, gpu_p, 1e-5, 1e-6));
+  }
+}
+
 TEST_CASE("CUDA devices: parsing against the real device count; wrong-device batches are clear errors", "[cuda]") {
   CHECK(CUDAAccelerator::parse_devices(-1).size() == static_cast<std::size_t>(CUDAAccelerator::auto_device_count()));
   CHECK(CUDAAccelerator::supports_dtype(c10::Device(c10::kCUDA, 0), c10::kHalf));

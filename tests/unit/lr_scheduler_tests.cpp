@@ -271,3 +271,35 @@ TEST_CASE("Schedulers: a group added later, and a state of another kind, are err
   step.load_state_dict(three.state_dict());
   CHECK(step.state_dict().at("step_size").toInt() == 3);
 }
+
+TEST_CASE("fit resumed from a checkpoint continues a fulgur::optim schedule exactly", "[scheduler][fit][checkpoint]") {
+  // OneCycleLR stepped per batch (momentum cycled too) over 3 epochs of 4 steps; the second run
+  // stops after epoch 1, a third resumes from its checkpoint: the lrs of the last epoch as the straight run's.
+  struct OneCycleImpl : test::ClassifierImpl {
+    OptimizerConfig configure_optimizers() {
+      auto sgd = std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      auto cycle = std::make_unique<optim::OneCycleLR>(*sgd, 0.5, optim::OneCycleOptions{.total_steps = 12});
+      return {std::move(sgd), std::move(cycle), SchedulerInterval::step};
+    }
+    void on_before_optimizer_step(torch::optim::Optimizer& optimizer) {
+      lrs.push_back(optimizer.param_groups()[0].options().get_lr());
+    }
+    std::vector<double> lrs;
+  };
+  const auto [x, y] = test::classification_data(64);
+  const std::string dir = test::temporary_directory("scheduler_resume");
+  auto run = [&](std::int64_t epochs, const std::string& resume, const std::string& save) {
+    torch::manual_seed(0);
+    auto model = std::make_shared<OneCycleImpl>();
+    test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = epochs, .default_root_dir = dir}));
+    trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 16}), FitOptions{.ckpt_path = resume});
+    if (!save.empty()) trainer.save_checkpoint(save);
+    return model->lrs;
+  };
+  const std::vector<double> straight = run(3, "", "");
+  REQUIRE(straight.size() == 12);
+  run(2, "", dir + "/two_epochs.ckpt");
+  const std::vector<double> resumed = run(3, dir + "/two_epochs.ckpt", "");
+  REQUIRE(resumed.size() == 4);
+  CHECK(std::vector<double>(straight.begin() + 8, straight.end()) == resumed);
+}
