@@ -178,8 +178,8 @@ void LRScheduler::load_state_dict(const StateDict& state) {
 
 // ---- LambdaLR ------------------------------------------------------------------------------------
 
-LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, Lambda lr_lambda)
-    : LambdaLR(optimizer, std::vector<Lambda>(optimizer.param_groups().size(), std::move(lr_lambda))) {}
+LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, const Lambda& lr_lambda)
+    : LambdaLR(optimizer, std::vector<Lambda>(optimizer.param_groups().size(), lr_lambda)) {}
 
 LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, std::vector<Lambda> lr_lambdas)
     : LRScheduler(optimizer), lr_lambdas_(std::move(lr_lambdas)) {
@@ -224,6 +224,7 @@ std::vector<double> StepLR::get_lr() {
 
 std::optional<std::vector<double>> StepLR::closed_form_lr() const {
   std::vector<double> lrs;
+  lrs.reserve(base_lrs_.size());
   for (double base : base_lrs_)
     lrs.push_back(base * std::pow(gamma_, static_cast<double>(floor_div(last_epoch_, step_size_))));
   return lrs;
@@ -264,6 +265,7 @@ std::optional<std::vector<double>> MultiStepLR::closed_form_lr() const {
   for (const auto& [epoch, count] : milestones_)
     if (epoch <= last_epoch_) passed += count;
   std::vector<double> lrs;
+  lrs.reserve(base_lrs_.size());
   for (double base : base_lrs_) lrs.push_back(base * std::pow(gamma_, static_cast<double>(passed)));
   return lrs;
 }
@@ -306,6 +308,7 @@ std::vector<double> ExponentialLR::get_lr() {
 
 std::optional<std::vector<double>> ExponentialLR::closed_form_lr() const {
   std::vector<double> lrs;
+  lrs.reserve(base_lrs_.size());
   for (double base : base_lrs_) lrs.push_back(base * std::pow(gamma_, static_cast<double>(last_epoch_)));
   return lrs;
 }
@@ -340,6 +343,7 @@ std::vector<double> CosineAnnealingLR::get_lr() {
 std::optional<std::vector<double>> CosineAnnealingLR::closed_form_lr() const {
   const double e = static_cast<double>(last_epoch_), t = static_cast<double>(t_max_);
   std::vector<double> lrs;
+  lrs.reserve(base_lrs_.size());
   for (double base : base_lrs_) lrs.push_back(eta_min_ + (base - eta_min_) * (1 + std::cos(kPi * e / t)) / 2);
   return lrs;
 }
@@ -387,6 +391,7 @@ void CosineAnnealingWarmRestarts::step() {  // Python's own step(): it does not 
 
 std::vector<double> CosineAnnealingWarmRestarts::get_lr() {
   std::vector<double> lrs;
+  lrs.reserve(base_lrs_.size());
   for (double base : base_lrs_)
     lrs.push_back(eta_min_ + (base - eta_min_) *
                                  (1 + std::cos(kPi * static_cast<double>(t_cur_) / static_cast<double>(t_i_))) / 2);
@@ -441,6 +446,7 @@ std::vector<double> LinearLR::get_lr() {
 
 std::optional<std::vector<double>> LinearLR::closed_form_lr() const {
   std::vector<double> lrs;
+  lrs.reserve(base_lrs_.size());
   for (double base : base_lrs_)
     lrs.push_back(base * (start_factor_ + (end_factor_ - start_factor_) *
                                               static_cast<double>(std::min(total_iters_, last_epoch_)) /
@@ -486,7 +492,7 @@ struct MomentumOf {
 OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, double max_lr, OneCycleOptions options)
     : OneCycleLR(optimizer, std::vector<double>(optimizer.param_groups().size(), max_lr), options) {}
 
-OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, std::vector<double> max_lrs, OneCycleOptions options)
+OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const std::vector<double>& max_lrs, OneCycleOptions options)
     : LRScheduler(optimizer), anneal_(options.anneal_strategy), cycle_momentum_(options.cycle_momentum) {
   if (options.total_steps) {
     if (*options.total_steps <= 0)

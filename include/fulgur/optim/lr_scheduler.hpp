@@ -88,7 +88,7 @@ class LRScheduler {
 class LambdaLR : public LRScheduler {
  public:
   using Lambda = std::function<double(std::int64_t)>;
-  LambdaLR(torch::optim::Optimizer& optimizer, Lambda lr_lambda);
+  LambdaLR(torch::optim::Optimizer& optimizer, const Lambda& lr_lambda);
   LambdaLR(torch::optim::Optimizer& optimizer, std::vector<Lambda> lr_lambdas);
 
  private:
@@ -204,7 +204,7 @@ struct OneCycleOptions {
 class OneCycleLR : public LRScheduler {
  public:
   OneCycleLR(torch::optim::Optimizer& optimizer, double max_lr, OneCycleOptions options);
-  OneCycleLR(torch::optim::Optimizer& optimizer, std::vector<double> max_lrs, OneCycleOptions options);
+  OneCycleLR(torch::optim::Optimizer& optimizer, const std::vector<double>& max_lrs, OneCycleOptions options);
 
  private:
   struct Phase {
