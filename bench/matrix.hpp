@@ -178,35 +178,35 @@ at::Tensor loss_of(R&& output) {
 
 /// What the hand-written loop's manual-optimization side does for StepContext (backward, step,
 /// clip): LibTorch and a GradScaler, nothing else.
-struct HandManual {
+/// A hand-written loop's manual optimization: what a module's manual training_step calls through
+/// StepContext (fit's loop implements the same interface through the Trainer's verbs).
+struct HandManual final : fulgur::detail::ManualOptimizationLink {
+  HandManual(fulgur::GradScaler* scaler_, std::vector<fulgur::OptimizerConfig>* configs_)
+      : scaler(scaler_), configs(configs_) {}
   fulgur::GradScaler* scaler = nullptr;  // null: no loss scaling
   std::vector<fulgur::OptimizerConfig>* configs = nullptr;
   std::int64_t steps = 0, skipped = 0;
 
-  static void backward(void* self, const at::Tensor& loss) {
-    auto& h = *static_cast<HandManual*>(self);
-    if (h.scaler != nullptr) h.scaler->scale(loss).backward();
+  void manual_backward(const at::Tensor& loss) override {
+    if (scaler != nullptr) scaler->scale(loss).backward();
     else loss.backward();
   }
-  static bool step(void* self, std::size_t index) {
-    auto& h = *static_cast<HandManual*>(self);
-    torch::optim::Optimizer& optimizer = *(*h.configs)[index].optimizer;
+  bool manual_step(std::size_t index) override {
+    torch::optim::Optimizer& optimizer = *(*configs)[index].optimizer;
     bool ran = true;
-    if (h.scaler != nullptr) {
-      ran = h.scaler->step(optimizer);
-      h.scaler->update();
+    if (scaler != nullptr) {
+      ran = scaler->step(optimizer);
+      scaler->update();
     } else {
       optimizer.step();
     }
-    ++h.steps;
-    if (!ran) ++h.skipped;
+    ++steps;
+    if (!ran) ++skipped;
     return ran;
   }
-  static at::Tensor clip(void* self, std::size_t index, const fulgur::ClipGradients& clip) {
-    auto& h = *static_cast<HandManual*>(self);
-    torch::optim::Optimizer& optimizer = *(*h.configs)[index].optimizer;
-    if (h.scaler != nullptr && h.scaler->stage(optimizer) == fulgur::GradScaler::Stage::ready)
-      h.scaler->unscale_(optimizer);
+  at::Tensor manual_clip(std::size_t index, const fulgur::ClipGradients& clip) override {
+    torch::optim::Optimizer& optimizer = *(*configs)[index].optimizer;
+    if (scaler != nullptr && scaler->stage(optimizer) == fulgur::GradScaler::Stage::ready) scaler->unscale_(optimizer);
     std::vector<at::Tensor> params;
     for (const auto& group : optimizer.param_groups())
       for (const auto& p : group.params()) params.push_back(p);
@@ -260,8 +260,7 @@ std::int64_t hand_written(Holder& holder, const Batches& batches, c10::Device de
 
   fulgur::StepContext ctx;
   fulgur::detail::MetricCollection metrics(/*training=*/true);
-  HandManual manual{scaled ? &scaler : nullptr, &configs};
-  fulgur::detail::ManualOptimizationOps ops{&manual, &HandManual::backward, &HandManual::step, &HandManual::clip};
+  HandManual manual(scaled ? &scaler : nullptr, &configs);
   if constexpr (takes_context) {
     metrics.set_device(device);
     ctx.attach(&metrics);
@@ -269,10 +268,10 @@ std::int64_t hand_written(Holder& holder, const Batches& batches, c10::Device de
       std::vector<fulgur::ManualOptimizer> handles;
       std::vector<fulgur::AnyLRScheduler*> schedulers;
       for (std::size_t i = 0; i < configs.size(); ++i) {
-        handles.emplace_back(*configs[i].optimizer, i, ops);
+        handles.emplace_back(*configs[i].optimizer, i, manual);
         schedulers.push_back(&configs[i].lr_scheduler);
       }
-      ctx.attach_manual(&ops, std::move(handles), std::move(schedulers));
+      ctx.attach_manual(&manual, std::move(handles), std::move(schedulers));
     }
   }
   auto step = [&](const B& batch, std::int64_t index) -> decltype(auto) {

@@ -1456,6 +1456,11 @@ StateDict from_bytes(const std::vector<char>& bytes, const std::string& what, co
 
 void save(const std::string& path, const StateDict& state) { atomic_write(path, to_bytes(state)); }
 
+void remove(const std::string& path) {
+  ::unlink(path.c_str());
+  detail::remove_tree(path + ".shards");  // a sharded checkpoint's shard files (ShardedStrategy)
+}
+
 StateDict load(const std::string& path, const LoadOptions& options) {
   // O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever (no effect on regular files).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);

@@ -64,6 +64,14 @@ constexpr bool uses_scaler() {
   else
     return false;
 }
+}  // namespace detail
+
+/// Whether precision P scales the loss (its optional `static constexpr bool uses_scaler`; absent:
+/// false). '16-mixed' does: its gradients are scaled until unscaled, and a step may be skipped.
+template <class P>
+inline constexpr bool uses_loss_scaler = detail::uses_scaler<P>();
+
+namespace detail {
 
 enum class compatibility_rule {
   none,

@@ -16,6 +16,7 @@
 
 #include "fulgur/detail/loop_position.hpp"
 #include "fulgur/errors.hpp"
+#include "fulgur/loops/boundary.hpp"
 #include "fulgur/metrics.hpp"
 #include "fulgur/optimization.hpp"
 #include "fulgur/stage.hpp"
@@ -25,27 +26,17 @@ namespace fulgur {
 
 class StepContext;
 
-namespace detail {
-/// The loop's side of manual optimization, reached through plain function pointers (set only
-/// when the module optimizes manually; automatic optimization never goes through them).
-struct ManualOptimizationOps {
-  void* loop = nullptr;
-  void (*backward)(void* loop, const at::Tensor& loss) = nullptr;
-  bool (*step)(void* loop, std::size_t optimizer) = nullptr;
-  at::Tensor (*clip)(void* loop, std::size_t optimizer, const ClipGradients& clip) = nullptr;
-};
-}  // namespace detail
 
 /// One of the module's optimizers under manual optimization (Lightning's LightningOptimizer):
 /// step() goes through the strategy and precision (loss scaling, skipped steps) and counts toward
 /// global_step, as every optimizer step does in Lightning.
 class ManualOptimizer {
  public:
-  ManualOptimizer(torch::optim::Optimizer& optimizer, std::size_t index, const detail::ManualOptimizationOps& ops)
-      : optimizer_(&optimizer), index_(index), ops_(&ops) {}
+  ManualOptimizer(torch::optim::Optimizer& optimizer, std::size_t index, detail::ManualOptimizationLink& loop)
+      : optimizer_(&optimizer), index_(index), loop_(&loop) {}
 
   /// Steps (calling on_before_optimizer_step first); false when the loss scaler skipped the step.
-  bool step() { return ops_->step(ops_->loop, index_); }
+  bool step() { return loop_->manual_step(index_); }
   void zero_grad(bool set_to_none = true) { optimizer_->zero_grad(set_to_none); }
   torch::optim::Optimizer& optimizer() const { return *optimizer_; }
   std::size_t index() const { return index_; }
@@ -53,7 +44,7 @@ class ManualOptimizer {
  private:
   torch::optim::Optimizer* optimizer_;
   std::size_t index_;
-  const detail::ManualOptimizationOps* ops_;
+  detail::ManualOptimizationLink* loop_;
 };
 
 class StepContext {
@@ -101,12 +92,12 @@ class StepContext {
   /// on_before_backward/on_after_backward hooks.
   void manual_backward(const at::Tensor& loss) {
     require_manual("manual_backward");
-    manual_ops_->backward(manual_ops_->loop, loss);
+    manual_->manual_backward(loss);
   }
   /// Clips one optimizer's gradients (unscaling first); returns the total norm for max_norm.
   at::Tensor clip_gradients(ManualOptimizer& optimizer, const ClipGradients& clip) {
     require_manual("clip_gradients");
-    return manual_ops_->clip(manual_ops_->loop, optimizer.index(), clip);
+    return manual_->manual_clip(optimizer.index(), clip);
   }
   /// Only `optimizer`'s parameters require gradients until untoggle_optimizer (Lightning's
   /// toggle_optimizer: for alternating updates such as a GAN's generator and discriminator).
@@ -122,9 +113,10 @@ class StepContext {
     detail::loop_position().enter(to_string(stage).data(), hook.data(), current_epoch, batch_idx);
     if (metrics_ != nullptr) metrics_->enter(hook, scope);
   }
-  void attach_manual(const detail::ManualOptimizationOps* ops, std::vector<ManualOptimizer> optimizers,
+  /// Manual optimization through `loop` (the loop under way, or a hand-written loop's stand-in).
+  void attach_manual(detail::ManualOptimizationLink* loop, std::vector<ManualOptimizer> optimizers,
                      std::vector<AnyLRScheduler*> schedulers) {
-    manual_ops_ = ops;
+    manual_ = loop;
     optimizers_ = std::move(optimizers);
     schedulers_ = std::move(schedulers);
   }
@@ -135,14 +127,14 @@ class StepContext {
     return optimizers_;
   }
   void require_manual(const char* what) const {
-    if (manual_ops_ == nullptr)
+    if (manual_ == nullptr)
       throw MisconfigurationError(std::string("StepContext::") + what +
                                   " is for manual optimization: declare `static constexpr bool automatic_optimization "
                                   "= false;` in your module, and fulgur leaves backward and the optimizer steps to you.");
   }
 
   detail::MetricCollection* metrics_ = nullptr;
-  const detail::ManualOptimizationOps* manual_ops_ = nullptr;
+  detail::ManualOptimizationLink* manual_ = nullptr;
   std::vector<ManualOptimizer> optimizers_;
   std::vector<AnyLRScheduler*> schedulers_;
   std::vector<std::pair<at::Tensor, bool>> toggled_;  // requires_grad to restore after untoggle

@@ -7,8 +7,10 @@
 //    unscale_gradients, clip_gradients, optimizer_step, no_backward_sync, the collectives, save,
 //    load, print. Each verb is one call into a policy; the optimizer step goes strategy ->
 //    precision, as in Lightning.
-//  - Trainer level: fit, validate, test, predict (loops/), which reach the policies only through
-//    the verbs above.
+//  - Trainer level: fit, validate, test, predict (loops/), written against the loop contract
+//    (loops/host.hpp): they reach the policies only through the verbs above. The loops' plumbing
+//    (callbacks, fit position, the fit under way) is a private member they reach through
+//    loops::host_access, not the Trainer's public API.
 // The policies are members held by value; every call is direct. A combination the rules refuse
 // gets an inert Trainer whose only effect is one static_assert naming what is wrong.
 #include <ATen/ATen.h>
@@ -44,6 +46,7 @@
 #include "fulgur/errors.hpp"
 #include "fulgur/loops/evaluation.hpp"
 #include "fulgur/loops/fit.hpp"
+#include "fulgur/loops/host.hpp"
 #include "fulgur/loops/prediction.hpp"
 #include "fulgur/optimization.hpp"
 #include "fulgur/parallel_devices.hpp"
@@ -158,7 +161,7 @@ class Trainer {
   Trainer(construct, TrainerConfig&& config, options_type&& options, Callbacks&&... callbacks)
       : config_(detail::validated(std::move(config))),
         strategy_(make_strategy(std::move(options))),
-        callbacks_(make_callbacks(std::move(callbacks)...)) {
+        loop_services_(*this, make_callbacks(std::move(callbacks)...)) {
     init();
   }
   void init() {
@@ -179,42 +182,11 @@ class Trainer {
   }
 
   /// The callbacks and loggers, in the order of the Trainer's arguments (then the default ProgressBar).
-  auto& callbacks() { return callbacks_.items(); }
+  auto& callbacks() { return loop_services_.callbacks().items(); }
   /// The callback or logger of type C (e.g. trainer.callback<fulgur::EarlyStopping>().stopped_epoch).
   template <class C>
   C& callback() {
-    return std::get<C>(callbacks_.items());
-  }
-  callbacks_type& callback_set() { return callbacks_; }
-  /// Where the last fit ended: epochs run and the logging step (Lightning's current_epoch and
-  /// _batches_that_stepped, which validate/test after fit report at).
-  struct FitPosition {
-    std::int64_t epoch = 0, logging_step = 0;
-  };
-  FitPosition fit_position() const { return fit_position_; }
-  void record_fit_position(FitPosition position) { fit_position_ = position; }
-  /// What the loops hand to callbacks' TrainerView for the calls that go through the Trainer.
-  detail::TrainerViewOps view_ops() {
-    detail::TrainerViewOps ops;
-    ops.trainer = this;
-    ops.reduce_boolean_decision = [](void* self, bool decision, bool all) {
-      return static_cast<Trainer*>(self)->reduce_boolean_decision(decision, all);
-    };
-    if constexpr (callbacks_type::has_loggers) {
-      ops.has_loggers = true;
-      ops.log_metrics = [](void* self, const Metrics& metrics, std::int64_t step) {
-        static_cast<Trainer*>(self)->callbacks_.log_metrics(metrics, step);
-      };
-      ops.log_dir = [](void* self) { return static_cast<Trainer*>(self)->callbacks_.first_log_dir(); };
-    }
-    ops.save_checkpoint = [](void* self, const std::string& path, bool weights_only) {
-      static_cast<Trainer*>(self)->save_checkpoint(path, weights_only);
-    };
-    ops.remove_checkpoint = [](void* self, const std::string& path) {
-      if (auto& fit = static_cast<Trainer*>(self)->fit_checkpointing_) fit->request_removal(path);
-    };
-    ops.broadcast_text = [](void* self, const std::string& text) { return static_cast<Trainer*>(self)->broadcast(text); };
-    return ops;
+    return std::get<C>(loop_services_.callbacks().items());
   }
 
   A& accelerator() { return accelerator_; }
@@ -225,6 +197,10 @@ class Trainer {
   static std::string combination_name() {
     return std::string(A::name) + "/" + std::string(S::name) + "/" + std::string(P::name);
   }
+  /// The precision's Lightning name ("bf16-mixed"), for messages.
+  static constexpr std::string_view precision_name() { return P::name; }
+  /// Whether the precision scales the loss (a non-finite loss is then a skipped step, not an error).
+  static constexpr bool uses_loss_scaler = fulgur::uses_loss_scaler<P>;
 
   // ---- Fabric level: set-up ----------------------------------------------------------------------
 
@@ -284,6 +260,19 @@ class Trainer {
   auto convert_output(const Data& data) {
     return precision_.convert_output(data);
   }
+  /// A batch as fit hands it to a step: under a "-true" precision every floating tensor converted
+  /// (Lightning's Double/HalfPrecision.convert_input); otherwise the model's inputs only
+  /// (Batch::input, a torch::data Example's data; every tensor of other batch types), so that under
+  /// mixed precision a regression target keeps its float32 values.
+  template <class Batch>
+  auto convert_batch(const Batch& batch) {
+    if constexpr (!converts_targets && std::is_same_v<Batch, data::Batch>)
+      return data::Batch{at::Tensor(precision_.convert_input(batch.input)), batch.target};
+    else if constexpr (!converts_targets && requires { batch.data; batch.target; typename Batch::DataType; })
+      return Batch{precision_.convert_input(batch.data), batch.target};
+    else
+      return precision_.convert_input(batch);
+  }
 
   /// Backward through the strategy and precision (scaling the loss under '16-mixed', all-reducing
   /// gradients under DDP), for the module of the last setup.
@@ -340,6 +329,13 @@ class Trainer {
   /// (inf/NaN gradients under a loss scaler).
   bool optimizer_step(torch::optim::Optimizer& optimizer) { return strategy_.optimizer_step(optimizer, precision_); }
 
+  /// Training is over (Lightning's Strategy.on_train_end, which fit calls before the on_train_end
+  /// hooks): a strategy that keeps the module in its own form hands it back whole (ShardedStrategy<3>
+  /// gathers every unit). A hand-written loop calls it after its last step.
+  void end_training() {
+    if constexpr (requires { strategy_.on_train_end(); }) strategy_.on_train_end();
+  }
+
   /// While the returned guard lives, backward accumulates gradients without communicating
   /// (gradient accumulation micro-batches under DDP; nothing to skip on a single device).
   template <class Module>
@@ -380,6 +376,14 @@ class Trainer {
   StateDict load(const std::string& path, const CheckpointState& state, bool strict = true) {
     return state.restore(*this, load(path), resolve(path), strict);
   }
+  /// Deletes a checkpoint save wrote (global rank 0), with whatever its strategy's format keeps
+  /// beside the file; a relative path is under default_root_dir.
+  void remove_checkpoint(const std::string& path) {
+    if constexpr (requires { strategy_.remove_checkpoint(path); })
+      strategy_.remove_checkpoint(resolve(path));  // a strategy whose format keeps files beside the checkpoint
+    else if (is_global_zero())
+      checkpoint::remove(resolve(path));
+  }
   /// A path as save and load take it: a relative one under TrainerConfig::default_root_dir.
   std::string resolve_path(const std::string& path) const { return resolve(path); }
   /// The states a checkpoint holds, each through its policy.
@@ -417,11 +421,12 @@ class Trainer {
   /// Every rank calls it; global rank 0 writes, atomically. weights_only: the module's weights and
   /// the loop position, without optimizer, scheduler, precision or callback states.
   void save_checkpoint(const std::string& path, bool weights_only = false) {
-    if (!fit_checkpointing_)
+    loops::FitState* fit = loop_services_.fit();
+    if (fit == nullptr)
       throw MisconfigurationError("fulgur: save_checkpoint saves the state of a fit: call it during or after "
                                   "trainer.fit (for weights alone, use trainer.save(path, "
                                   "fulgur::checkpoint::module_state_dict(module))).");
-    fit_checkpointing_->request_save(path, weights_only);
+    fit->request_save(path, weights_only);
   }
 
   /// Prints one line on global rank 0 only.
@@ -505,10 +510,7 @@ class Trainer {
       if (options.ckpt_path == "last") options.ckpt_path = last_checkpoint();
       else options.ckpt_path = preemption_checkpoint(options.ckpt_path);
       if (!options.ckpt_path.empty()) options.ckpt_path = detail::absolute_path(resolve(options.ckpt_path));
-      auto loop = std::make_shared<loops::FitLoop<Trainer, Module, TrainData, ValData>>(*this, module, train_data,
-                                                                                       val_data, std::move(options));
-      fit_checkpointing_ = loop;  // kept after fit: save_checkpoint then writes the final state
-      FitResult result = loop->run();
+      FitResult result = loops::fit(*this, module, train_data, val_data, std::move(options));
       if (result.preempted && config_.preemption.exit_process) end_preempted_process();
       return result;
     } else {
@@ -528,6 +530,10 @@ class Trainer {
     else
       return {};
   }
+
+  friend struct loops::host_access;
+  /// Under a "-true" precision fit converts a batch's targets with its inputs (convert_batch).
+  static constexpr bool converts_targets = requires { requires P::converts_targets; };
 
   static callbacks_type make_callbacks(Callbacks&&... callbacks) {
     if constexpr ((detail::is_progress_bar<Callbacks>() || ...))
@@ -597,7 +603,7 @@ class Trainer {
             folders.push_back(detail::absolute_path(logs + "/" + version + "/checkpoints"));
         }
       }(), ...);
-    }, callbacks_.items());
+    }, loop_services_.callbacks().items());
     std::string newest = detail::newest_file(folders, "last", ".ckpt");
     if (newest.empty() && is_global_zero())
       std::cerr << "fulgur: ckpt_path = \"last\" is set, but there is no last checkpoint available (looked for "
@@ -645,9 +651,9 @@ class Trainer {
   S strategy_;
   P precision_ = make_precision();
   torch::nn::Module* module_ = nullptr;  // the module of the last setup, for backward(loss)
-  callbacks_type callbacks_;
-  FitPosition fit_position_{};
-  std::shared_ptr<detail::FitCheckpointing> fit_checkpointing_;  // the fit under way, or the last one
+  // The loops' plumbing: callbacks and loggers, where the last fit ended, the fit under way (or the
+  // last one); also the Trainer's side of the library boundary (loops/boundary.hpp).
+  loops::LoopServices<Trainer, callbacks_type> loop_services_;
 };
 
 /// A combination the rules refuse: one static_assert names the member a policy lacks, or the broken
@@ -683,6 +689,9 @@ class Trainer<A, S, P, Callbacks...> {
   FULGUR_DETAIL_INERT(forward_context)
   FULGUR_DETAIL_INERT(convert_input)
   FULGUR_DETAIL_INERT(convert_output)
+  FULGUR_DETAIL_INERT(convert_batch)
+  FULGUR_DETAIL_INERT(end_training)
+  FULGUR_DETAIL_INERT(remove_checkpoint)
   FULGUR_DETAIL_INERT(backward)
   FULGUR_DETAIL_INERT(unscale_gradients)
   FULGUR_DETAIL_INERT(unscales_in_optimizer)

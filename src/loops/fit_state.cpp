@@ -8,8 +8,6 @@
 #include <iostream>
 #include <variant>
 
-#include <unistd.h>
-
 #include "fulgur/checkpoint/io.hpp"
 #include "fulgur/checkpoint/state.hpp"
 #include "fulgur/detail/describe.hpp"
@@ -24,6 +22,25 @@ FitState::~FitState() = default;
 void FitState::warn(std::string text) {
   if (global_rank_ == 0) std::cerr << text << std::endl;
   warnings_.push_back(std::move(text));
+}
+
+// ---- checkpoints asked for ------------------------------------------------------------------------
+
+void FitState::request_save(const std::string& path, bool weights_only) {
+  if (checkpoints_held_) saves_.emplace_back(path, weights_only);
+  else write_checkpoint(path, weights_only);
+}
+
+void FitState::request_removal(const std::string& path) {
+  if (checkpoints_held_ && !saves_.empty()) removals_.push_back(path);  // never before the save that replaces it
+  else remove_checkpoint(path);
+}
+
+void FitState::write_requested_checkpoints() {
+  auto saves = std::exchange(saves_, {});
+  auto removals = std::exchange(removals_, {});
+  for (const auto& [path, weights_only] : saves) write_checkpoint(path, weights_only);
+  for (const auto& path : removals) remove_checkpoint(path);
 }
 
 // ---- the run ------------------------------------------------------------------------------------
@@ -127,7 +144,7 @@ FitResult FitState::finish() {
 
 bool FitState::stop_if_interrupted(const char* where, bool training_done) {
   return stop_if_signalled(
-      world_size_, [this](bool decision) { return any_rank(decision); },
+      world_size_, [this](bool decision) { return host_link_.reduce_boolean_decision(decision, /*all=*/false); },
       [&] {
         return std::string(where) + " (epoch " + std::to_string(ctx_.current_epoch) + ", global_step " +
                std::to_string(progress_.global_step) + ")";
@@ -150,11 +167,11 @@ std::string FitState::write_preemption_checkpoint() {
     const std::string path = detail::hpc_checkpoint(folder, /*next=*/true);
     name = path.substr(folder.size() + 1);
   }
-  if (world_size_ > 1) name = broadcast_text(name);
+  if (world_size_ > 1) name = host_link_.broadcast(name);
   write_checkpoint(name, /*weights_only=*/false);
   if (config_.preemption.auto_requeue && detail::in_slurm_batch_job() && global_rank_ == 0)
     warn("fulgur: " + detail::requeue_slurm_job() + ".");
-  return resolve_path(name);
+  return host_link_.resolve_path(name);
 }
 
 void FitState::end_preempted(const Preempted& e) {  // the batch finished: save where the run is, then shut down
@@ -162,12 +179,12 @@ void FitState::end_preempted(const Preempted& e) {  // the batch finished: save 
   try {
     path = write_preemption_checkpoint();
   } catch (const std::exception& failure) {  // the shutdown still runs; the error says both
-    shut_down(e, "failed", /*teardown=*/true);
+    loop_link_.shut_down(e, "failed", /*teardown=*/true);
     throw CheckpointError(std::string("fulgur: ") + e.what() + ", but its checkpoint could not be written: " +
                           failure.what() + " The run ends without one: resume from an earlier checkpoint, and "
                           "make default_root_dir writable.");
   }
-  shut_down(e, "interrupted", /*teardown=*/true);
+  loop_link_.shut_down(e, "interrupted", /*teardown=*/true);
   result_.interrupted = result_.preempted = true;
   result_.checkpoint_path = path;
   progress_.stop_reason = e.what();
@@ -176,7 +193,7 @@ void FitState::end_preempted(const Preempted& e) {  // the batch finished: save 
 }
 
 void FitState::end_interrupted(const Interrupted& e) {  // Ctrl-C: the step finished; shut down as Lightning does
-  shut_down(e, "interrupted", /*teardown=*/true);
+  loop_link_.shut_down(e, "interrupted", /*teardown=*/true);
   result_.interrupted = true;
   progress_.stop_reason = e.what();
   warn(std::string("fulgur: ") + e.what() + "; fit returns with FitResult::interrupted = true.");
@@ -190,41 +207,36 @@ StateDict FitState::checkpoint_state(bool weights_only) {
   c.insert("epoch", loop.at("epoch"));
   c.insert("global_step", progress_.global_step);
   c.insert("pytorch-lightning_version", std::string(checkpoint::lightning_layout_version));
-  c.insert("state_dict", module_state().to_ivalue());
+  c.insert("state_dict", host_link_.module_state(module_).to_ivalue());
   StateDict loops;
   loops.insert("fit_loop", loop.to_ivalue());
   c.insert("loops", loops.to_ivalue());
   if (!weights_only) {
-    c.insert("callbacks", callback_states().to_ivalue());
+    c.insert("callbacks", host_link_.callback_states().to_ivalue());
     c10::impl::GenericList optimizer_states(c10::AnyType::get()), schedulers(c10::AnyType::get());
     for (const auto& config : optimizers_) {
-      optimizer_states.push_back(optimizer_state(*config.optimizer).to_ivalue());
+      optimizer_states.push_back(host_link_.optimizer_state(*config.optimizer).to_ivalue());
       schedulers.push_back(checkpoint::scheduler_state(config.lr_scheduler).to_ivalue());
     }
     c.insert("optimizer_states", optimizer_states);
     c.insert("lr_schedulers", schedulers);
-    const StateDict precision = precision_state();
+    const StateDict precision = host_link_.precision_state();
     if (!precision.empty()) c.insert("MixedPrecision", precision.to_ivalue());  // Lightning's key: the plugin's class
   }
-  if (auto hparams = module_hyperparameters()) c.insert("hyper_parameters", *hparams);
-  StateDict stamp = checkpoint::stamp(combination_name(), world_size_);
-  stamp.insert("loggers", logger_versions().to_ivalue());
+  if (auto hparams = loop_link_.module_hyperparameters()) c.insert("hyper_parameters", *hparams);
+  StateDict stamp = checkpoint::stamp(host_link_.combination_name(), world_size_);
+  stamp.insert("loggers", host_link_.logger_versions().to_ivalue());
   if (!weights_only) stamp.insert("ranks", rank_states().to_ivalue());
   c.insert("fulgur", stamp.to_ivalue());
-  on_save_checkpoint(c);
+  loop_link_.on_save_checkpoint(c);
   return c;
 }
 
-void FitState::remove_checkpoint(const std::string& path) {
-  if (global_rank_ != 0) return;
-  const std::string file = resolve_path(path);
-  ::unlink(file.c_str());
-  detail::remove_tree(file + ".shards");  // a sharded checkpoint's shard files (ShardedStrategy)
-}
+void FitState::remove_checkpoint(const std::string& path) { host_link_.remove_checkpoint(path); }
 
 StateDict FitState::current_loop_state() {
   if (frozen_loop_) return *frozen_loop_;
-  return loop_state(loader_state());
+  return loop_state(loop_link_.loader_state());
 }
 
 StateDict FitState::loop_state(std::optional<StateDict> loader) const {
@@ -261,11 +273,11 @@ StateDict FitState::rank_states() {
     const std::vector<char> bytes = checkpoint::to_bytes(mine);
     at::Tensor local = at::empty({static_cast<std::int64_t>(bytes.size())}, at::kByte);
     std::memcpy(local.data_ptr(), bytes.data(), bytes.size());
-    const at::Tensor sizes = all_gather(at::scalar_tensor(local.numel(), at::kLong)).cpu();
+    const at::Tensor sizes = host_link_.all_gather(at::scalar_tensor(local.numel(), at::kLong)).cpu();
     const std::int64_t longest = sizes.max().item<std::int64_t>();
     at::Tensor padded = at::zeros({longest}, at::kByte);
     padded.narrow(0, 0, local.numel()).copy_(local);
-    const at::Tensor all = all_gather(padded).cpu();
+    const at::Tensor all = host_link_.all_gather(padded).cpu();
     for (int r = 0; r < world_size_; ++r) {
       const at::Tensor row = all[r].narrow(0, 0, sizes[r].item<std::int64_t>()).contiguous();
       const char* data = static_cast<const char*>(row.data_ptr());
@@ -288,7 +300,7 @@ c10::impl::GenericDict FitState::hyperparameters(const Hyperparameters& hparams)
 
 StateDict FitState::read_checkpoint(const std::string& path) {
   if (path.empty()) return {};
-  StateDict state = load(path);
+  StateDict state = host_link_.load(path);
   const std::string what = "checkpoint '" + path + "'";
   checkpoint::check_format(state, what);
   const StateDict stamp = checkpoint::require_dict(state, "fulgur", what);
@@ -306,21 +318,21 @@ StateDict FitState::read_checkpoint(const std::string& path) {
   if (stamp.contains("loggers") && stamp.at("loggers").isGenericDict()) {
     const StateDict loop =
         checkpoint::require_dict(checkpoint::require_dict(state, "loops", what), "fit_loop", what + "'s loops");
-    resume_loggers(StateDict(stamp.at("loggers").toGenericDict()),
+    host_link_.resume_loggers(StateDict(stamp.at("loggers").toGenericDict()),
                    checkpoint::require_int(loop, "batches_that_stepped", what + "'s fit_loop"));
   }
   return state;
 }
 
 void FitState::restore(const StateDict& c) {
-  on_load_checkpoint(c);
-  warn_unknown_callbacks(load_callback_states(checkpoint::require_dict(c, "callbacks", checkpoint_name())));
+  loop_link_.on_load_checkpoint(c);
+  warn_unknown_callbacks(host_link_.load_callback_states(checkpoint::require_dict(c, "callbacks", checkpoint_name())));
   restore_module(c);
   restore_optimizers(c);
-  if (c.contains("MixedPrecision")) load_precision_state(StateDict(c.at("MixedPrecision").toGenericDict()));
+  if (c.contains("MixedPrecision")) host_link_.load_precision_state(StateDict(c.at("MixedPrecision").toGenericDict()));
   const StateDict loop = restore_progress(c);
   view_.set_logging_step(progress_.batches_that_stepped);
-  if (loop.contains("loader")) loader_restored_ = load_loader_state(StateDict(loop.at("loader").toGenericDict()));
+  if (loop.contains("loader")) loader_restored_ = loop_link_.load_loader_state(StateDict(loop.at("loader").toGenericDict()));
 }
 
 void FitState::warn_unknown_callbacks(const std::vector<std::string>& keys) {
@@ -333,7 +345,7 @@ void FitState::restore_module(const StateDict& c) {
   const std::string what = checkpoint_name();
   const StateDict weights = checkpoint::require_dict(c, "state_dict", what);
   try {
-    load_module_state(weights);
+    host_link_.load_module_state(module_, weights, /*strict=*/true);
   } catch (const Error& e) {  // resuming is strict: weights alone go through checkpoint::module_weights
     std::string text = e.what();
     if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
@@ -352,7 +364,7 @@ void FitState::restore_optimizers(const StateDict& c) {
                           "; resume with the module's own configure_optimizers.");
   for (std::size_t i = 0; i < optimizers_.size(); ++i) {
     try {
-      load_optimizer_state(*optimizers_[i].optimizer, StateDict(optimizer_states.get(i).toGenericDict()));
+      host_link_.load_optimizer_state(*optimizers_[i].optimizer, StateDict(optimizer_states.get(i).toGenericDict()));
     } catch (const std::exception& e) {
       std::string text = e.what();
       if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);

@@ -2,7 +2,8 @@
 // TrainerView: what a callback sees of the trainer (Lightning passes `trainer` to every callback
 // hook). One concrete type for every Trainer<A, S, P, ...>, so that callbacks need not be
 // templates and can be compiled once (the shipped ones live in src/callbacks). The loops keep it
-// current; reading it costs nothing, except the metric values, which are tensors until read.
+// current; reading it costs nothing, except the metric values, which are tensors until read. What
+// it asks of the trainer goes through the library boundary (loops/boundary.hpp: HostLink).
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "fulgur/errors.hpp"
+#include "fulgur/loops/boundary.hpp"
 #include "fulgur/metrics.hpp"
 #include "fulgur/optimization.hpp"
 #include "fulgur/results.hpp"
@@ -25,25 +27,11 @@
 
 namespace fulgur {
 
-namespace detail {
-/// The Trainer's side of a TrainerView: rare calls (a decision per epoch, metrics per log step)
-/// through plain function pointers, so that the view needs no template parameter.
-struct TrainerViewOps {
-  void* trainer = nullptr;
-  bool (*reduce_boolean_decision)(void* trainer, bool decision, bool all) = nullptr;
-  void (*log_metrics)(void* trainer, const Metrics& metrics, std::int64_t step) = nullptr;  ///< every logger
-  std::string (*log_dir)(void* trainer) = nullptr;  ///< the first logger's directory
-  void (*save_checkpoint)(void* trainer, const std::string& path, bool weights_only) = nullptr;
-  void (*remove_checkpoint)(void* trainer, const std::string& path) = nullptr;
-  std::string (*broadcast_text)(void* trainer, const std::string& text) = nullptr;  ///< global rank 0's text
-  bool has_loggers = false;
-};
-}  // namespace detail
-
 class TrainerView {
  public:
-  TrainerView(StepContext& ctx, const TrainerConfig& config, torch::nn::Module& module, detail::TrainerViewOps ops)
-      : ctx_(&ctx), config_(&config), module_(&module), ops_(ops) {}
+  /// `host`: the trainer (null: a view of no trainer, whose collectives are the identity).
+  TrainerView(StepContext& ctx, const TrainerConfig& config, torch::nn::Module& module, detail::HostLink* host)
+      : ctx_(&ctx), config_(&config), module_(&module), host_(host) {}
 
   // ---- where the run is ----------------------------------------------------------------------------
   Stage stage() const { return ctx_->stage; }
@@ -107,35 +95,32 @@ class TrainerView {
   std::span<OptimizerConfig> optimizers() const { return optimizers_; }
   /// all: every rank decided true; otherwise: any rank did (one collective under DDP).
   bool reduce_boolean_decision(bool decision, bool all = true) {
-    return ops_.reduce_boolean_decision ? ops_.reduce_boolean_decision(ops_.trainer, decision, all) : decision;
+    return host_ != nullptr ? host_->reduce_boolean_decision(decision, all) : decision;
   }
   /// One line on global rank 0.
   void print(std::string_view line) const {
     if (is_global_zero()) std::cout << line << std::endl;
   }
-  bool has_loggers() const { return ops_.has_loggers; }
+  /// A warning: printed on global rank 0 and, during fit, kept in FitResult::warnings.
+  void warn(std::string text);
+  bool has_loggers() const { return host_ != nullptr && host_->has_loggers(); }
   /// Sends metrics to every logger (global rank 0 writes), at `step` (usually logging_step()).
   void log_metrics(const Metrics& metrics, std::int64_t step) {
-    if (ops_.log_metrics != nullptr) ops_.log_metrics(ops_.trainer, metrics, step);
+    if (has_loggers()) host_->log_metrics(metrics, step);
   }
   /// The first logger's directory (default_root_dir without loggers).
-  std::string log_dir() const { return ops_.log_dir ? ops_.log_dir(ops_.trainer) : config_->default_root_dir; }
+  std::string log_dir() const { return has_loggers() ? host_->log_dir() : config_->default_root_dir; }
 
   // ---- checkpoints -------------------------------------------------------------------------------
   /// Lightning's trainer.save_checkpoint: every rank calls it, global rank 0 writes (atomically). In
   /// a batch or at an epoch's end the file is written once that batch or epoch is over, so that it
   /// holds a state fit continues from exactly (ckpt_path). A relative path is under default_root_dir.
-  void save_checkpoint(const std::string& path, bool weights_only = false) {
-    if (ops_.save_checkpoint == nullptr)
-      throw MisconfigurationError("fulgur: save_checkpoint needs a fit under way or finished; call it from fit's hooks.");
-    ops_.save_checkpoint(ops_.trainer, path, weights_only);
-  }
-  /// Deletes a checkpoint file (global rank 0), after the saves asked for before it are written.
-  void remove_checkpoint(const std::string& path) {
-    if (ops_.remove_checkpoint != nullptr) ops_.remove_checkpoint(ops_.trainer, path);
-  }
+  void save_checkpoint(const std::string& path, bool weights_only = false);
+  /// Deletes a checkpoint (global rank 0; with what its strategy's format keeps beside it), after
+  /// the saves asked for before it are written.
+  void remove_checkpoint(const std::string& path);
   /// Global rank 0's text on every rank (a file name all ranks agree on).
-  std::string broadcast(const std::string& text) { return ops_.broadcast_text ? ops_.broadcast_text(ops_.trainer, text) : text; }
+  std::string broadcast(const std::string& text) { return host_ != nullptr ? host_->broadcast(text) : text; }
 
   // ---- set by the loops ----------------------------------------------------------------------------
   void attach_metrics(const detail::MetricViews* views) { views_ = views; }
@@ -153,7 +138,7 @@ class TrainerView {
   StepContext* ctx_;
   const TrainerConfig* config_;
   torch::nn::Module* module_;
-  detail::TrainerViewOps ops_;
+  detail::HostLink* host_;
   const detail::MetricViews* views_ = nullptr;
   std::span<OptimizerConfig> optimizers_{};
   std::string* stop_reason_ = nullptr;

@@ -46,6 +46,8 @@ struct LoadOptions {
 };
 
 void save(const std::string& path, const StateDict& state);
+/// Deletes a checkpoint and whatever its format keeps beside it (no error if there is none).
+void remove(const std::string& path);
 /// A checkpoint written by fulgur, torch.save or Lightning (a Lightning checkpoint holding Python objects
 /// needs {.python_objects = PythonObjects::as_dicts}; its weights: module_weights in state.hpp).
 StateDict load(const std::string& path, const LoadOptions& options = {});

@@ -1,7 +1,7 @@
 #pragma once
 // What the loops share: the batch type of a loader, the loss in a step's output, a batch's way to
 // the device (with the transfer hooks), and errors that name where a step failed. Everything here
-// reaches the policies only through the Trainer's Fabric-level verbs (`fabric.*`).
+// reaches the policies only through the host's Fabric-level verbs (`host.*`, loops/host.hpp).
 #include <ATen/ATen.h>
 #include <torch/data/example.h>
 #include <c10/util/FunctionRef.h>
@@ -26,6 +26,7 @@
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
 #include "fulgur/interrupt.hpp"
+#include "fulgur/loops/host.hpp"
 #include "fulgur/step_context.hpp"
 #include "fulgur/trainer_config.hpp"
 
@@ -34,9 +35,9 @@ namespace fulgur::loops {
 /// fit without validation data.
 struct NoData {};
 
-/// The hook caller of a Trainer's loops: the module's hooks and its callbacks'.
-template <class Fabric, class Module>
-using HookCallerOf = hooks::HookCaller<Module, typename Fabric::callbacks_type>;
+/// The hook caller of a host's loops: the module's hooks and its callbacks'.
+template <class Host, class Module>
+using HookCallerOf = hooks::HookCaller<Module, callbacks_of<Host>>;
 
 template <class Data>
 using batch_of_t = std::remove_cvref_t<decltype(*std::begin(std::declval<Data&>()))>;
@@ -87,12 +88,12 @@ std::string position_text(std::string_view step, std::int64_t epoch, std::int64_
 /// world_size > 1), `where` says where the run stopped.
 bool stop_if_signalled(int world_size, c10::function_ref<bool(bool)> any_rank, c10::function_ref<std::string()> where,
                        bool training_done);
-template <class Fabric, class Where>
-bool stop_if_signalled(Fabric& fabric, Where&& where, bool training_done = false) {
-  const int world_size = fabric.world_size();
+template <class Host, class Where>
+bool stop_if_signalled(Host& host, Where&& where, bool training_done = false) {
+  const int world_size = host.world_size();
   if (world_size == 1 && detail::preemption_signal() == 0 && !detail::interrupt_requested()) return false;
   return stop_if_signalled(
-      world_size, [&fabric](bool decision) { return fabric.reduce_boolean_decision(decision, /*all=*/false); },
+      world_size, [&host](bool decision) { return host.reduce_boolean_decision(decision, /*all=*/false); },
       [&where] { return std::string(where()); }, training_done);
 }
 
@@ -108,30 +109,11 @@ StepError step_failure(std::string_view step, const StepContext& ctx, std::strin
   return step_failure(step, ctx, precision, error, detail::describe_batch(batch), module);
 }
 
-/// Whether fit converts a batch's targets with its inputs: the "-true" precisions (the model's
-/// outputs are of their dtype) do, as Lightning's Double/HalfPrecision.convert_input do.
-template <class Precision>
-inline constexpr bool converts_targets = requires { requires Precision::converts_targets; };
-
-/// The batch in the precision's dtype. Under a "-true" precision every floating tensor (Lightning's
-/// rule); otherwise the model's inputs only (Batch.input / Example.data; every tensor of other batch
-/// types), so that under mixed precision a regression target keeps its float32 values.
-template <class Fabric, class Batch>
-auto convert_model_inputs(Fabric& fabric, const Batch& batch) {
-  constexpr bool whole_batch = converts_targets<typename Fabric::precision_type>;
-  if constexpr (!whole_batch && std::is_same_v<Batch, data::Batch>)
-    return data::Batch{at::Tensor(fabric.convert_input(batch.input)), batch.target};
-  else if constexpr (!whole_batch && requires { batch.data; batch.target; typename Batch::DataType; })
-    return Batch{fabric.convert_input(batch.data), batch.target};
-  else
-    return fabric.convert_input(batch);
-}
-
 /// A batch on its way to the step: on_before_batch_transfer, the move to the device (the
 /// module's transfer_batch_to_device if it has one), on_after_batch_transfer, then the model
 /// inputs converted to the precision. A batch that cannot get there is a StepError naming it.
-template <class Fabric, class Module, class Batch>
-auto prepare_batch(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, const Batch& raw, std::string_view step) {
+template <class Host, class Module, class Batch>
+auto prepare_batch(Host& host, HookCallerOf<Host, Module>& hook, const Batch& raw, std::string_view step) {
   const StepContext& ctx = hook.ctx();
   try {
     decltype(auto) before = [&]() -> decltype(auto) {
@@ -143,17 +125,17 @@ auto prepare_batch(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, const Bat
     auto moved = [&] {
       if constexpr (hooks::defines<Module, hooks::transfer_batch_to_device_t, const Batch, const c10::Device,
                                    const std::int64_t>)
-        return Batch(hook(hooks::transfer_batch_to_device, before, fabric.device(), std::int64_t{0}));
+        return Batch(hook(hooks::transfer_batch_to_device, before, host.device(), std::int64_t{0}));
       else
-        return fabric.batch_to_device(before);
+        return host.batch_to_device(before);
     }();
     if constexpr (hooks::defines<Module, hooks::on_after_batch_transfer_t, decltype(moved), const std::int64_t>)
       moved = decltype(moved)(hook(hooks::on_after_batch_transfer, moved, std::int64_t{0}));
-    return convert_model_inputs(fabric, moved);
+    return host.convert_batch(moved);
   } catch (const c10::Error& e) {
     throw StepError("fulgur: moving the batch of " +
                     position_text(step, ctx.current_epoch, ctx.batch_idx, ctx.global_step) + " to " +
-                    fabric.device().str() + " failed: " + detail::first_line(e.what_without_backtrace()) +
+                    host.device().str() + " failed: " + detail::first_line(e.what_without_backtrace()) +
                     "\n  batch: " + detail::describe_batch(raw) +
                     ". Give the loader tensors on the CPU (or on the training device).");
   }
@@ -162,16 +144,16 @@ auto prepare_batch(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, const Bat
 /// The set-up every stage starts with, in Lightning's order: prepare_data (on each node's local
 /// rank 0, then every rank waits), setup(stage), configure_model (in init_module's context, so
 /// what it creates lands on the device in the precision's dtype).
-template <class Fabric, class Module>
-void run_setup_hooks(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, Stage stage) {
-  fabric.callback_set().set_up_loggers({fabric.config().default_root_dir, fabric.global_rank()});
+template <class Host, class Module>
+void run_setup_hooks(Host& host, HookCallerOf<Host, Module>& hook, Stage stage) {
+  host_access::services(host).callbacks().set_up_loggers({host.config().default_root_dir, host.global_rank()});
   if constexpr (hooks::defines<Module, hooks::prepare_data_t>) {
-    if (fabric.local_rank() == 0) hook(hooks::prepare_data);
-    fabric.barrier("prepare_data");
+    if (host.local_rank() == 0) hook(hooks::prepare_data);
+    host.barrier("prepare_data");
   }
   hook(hooks::setup, stage);
   if constexpr (hooks::defines<Module, hooks::configure_model_t>) {
-    auto on_device = fabric.init_module();
+    auto on_device = host.init_module();
     hook(hooks::configure_model);
   }
 }
@@ -181,29 +163,30 @@ void run_setup_hooks(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, Stage s
 /// 0's weights, as in Lightning: give every rank the same weights), the
 /// loader processed by the strategy, then `run(hook, loader)`, then teardown(stage); an exception
 /// reaches on_exception on its way out, unchanged.
-template <class Fabric, class Module, class Data, class Run>
-auto run_evaluation_stage(Fabric& fabric, Module& module, Data& data, Stage stage, Run&& run) {
+template <class Host, class Module, class Data, class Run>
+auto run_evaluation_stage(Host& host, Module& module, Data& data, Stage stage, Run&& run) {
+  auto& services = host_access::services(host);
   StepContext ctx;
   ctx.stage = stage;
-  ctx.global_rank = fabric.global_rank();
-  ctx.world_size = fabric.world_size();
-  ctx.current_epoch = fabric.fit_position().epoch;  // after fit, Lightning reports there
-  TrainerView view(ctx, fabric.config(), module, fabric.view_ops());
-  view.set_logging_step(fabric.fit_position().logging_step);
+  ctx.global_rank = host.global_rank();
+  ctx.world_size = host.world_size();
+  ctx.current_epoch = services.fit_position().epoch;  // after fit, Lightning reports there
+  TrainerView view(ctx, host.config(), module, &services.link());
+  view.set_logging_step(services.fit_position().logging_step);
   detail::MetricViews views;  // this stage's callback/logged/progress-bar metrics, seen by every hook
   view.attach_metrics(&views);
-  HookCallerOf<Fabric, Module> hook(module, ctx, fabric.callback_set(), view);
+  HookCallerOf<Host, Module> hook(module, ctx, services.callbacks(), view);
   try {
-    run_setup_hooks(fabric, hook, stage);
-    fabric.setup_module(module, ModuleSetup::evaluation);
-    auto&& loader = fabric.setup_dataloader(data);
+    run_setup_hooks(host, hook, stage);
+    host.setup_module(module, ModuleSetup::evaluation);
+    auto&& loader = host.setup_dataloader(data);
     auto result = run(hook, loader, views);
     hook(hooks::teardown, stage);
-    fabric.callback_set().finalize_loggers("success");
+    services.callbacks().finalize_loggers("success");
     return result;
   } catch (const std::exception& e) {
     hook(hooks::on_exception, e);
-    fabric.callback_set().finalize_loggers("failed");
+    services.callbacks().finalize_loggers("failed");
     throw;
   }
 }

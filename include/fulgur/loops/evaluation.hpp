@@ -78,11 +78,11 @@ struct Test {
 /// metrics are discarded, as Lightning does).
 enum class EvaluationMode { standalone, inside_fit, sanity_check };
 
-template <class Kind, class Fabric, class Module, class Data>
+template <class Kind, class Host, class Module, class Data>
 class EvaluationLoop {
  public:
-  EvaluationLoop(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, Data& data, detail::MetricViews& views)
-      : fabric_(fabric), hook_(hook), data_(data), views_(views) {}
+  EvaluationLoop(Host& host, HookCallerOf<Host, Module>& hook, Data& data, detail::MetricViews& views)
+      : host_(host), hook_(hook), data_(data), views_(views) {}
 
   /// At most max_batches batches (-1: all of them).
   EvaluationResult run(std::int64_t max_batches, EvaluationMode mode) {
@@ -98,7 +98,7 @@ class EvaluationLoop {
     // which may be gone when on_exception runs (found by ASan).
     const RestoreContext restore{ctx, {ctx.metrics(), ctx.batch_idx, ctx.sanity_checking}};
     metrics_.reset();
-    metrics_.set_device(fabric_.device());
+    metrics_.set_device(host_.device());
     metrics_.set_views(mode == EvaluationMode::sanity_check ? nullptr : &views_);  // the sanity check publishes nothing
     ctx.attach(&metrics_);
     ctx.sanity_checking = mode == EvaluationMode::sanity_check;
@@ -154,16 +154,16 @@ class EvaluationLoop {
   void run_batch(const RawBatch& raw, std::int64_t batch_idx) {
     StepContext& ctx = hook_.ctx();
     ctx.batch_idx = batch_idx;
-    const auto batch = prepare_batch(fabric_, hook_, raw, Kind::step.name);
+    const auto batch = prepare_batch(host_, hook_, raw, Kind::step.name);
     const std::int64_t batch_size = data::extract_batch_size(batch);
     metrics_.set_batch_size(batch_size);
     hook_(Kind::batch_start, batch, batch_idx);
-    const auto output = run_step(fabric_, hook_, Kind::step, batch);
+    const auto output = run_step(host_, hook_, Kind::step, batch);
     if constexpr (has_loss<std::remove_cvref_t<decltype(output)>>) add_loss(loss_of(output), batch_size);
     hook_(Kind::batch_end, output, batch, batch_idx);
     metrics_.sync_step_values(all_reduce());
     if (ctx.sanity_checking) return;
-    if constexpr (Fabric::callbacks_type::has_loggers) {  // Lightning's update_eval_step_metrics
+    if constexpr (callbacks_of<Host>::has_loggers) {  // Lightning's update_eval_step_metrics
       Metrics logged;
       metrics_.collect_step_logged(logged);
       if (!logged.empty()) hook_.view()->log_metrics(logged, seen_batches_);
@@ -189,7 +189,7 @@ class EvaluationLoop {
     if (publish) metrics_.publish_epoch(views_, all_reduce());  // with what on_*_epoch_end logged
     if (loss_sum_.defined()) {
       const at::Tensor totals =
-          fabric_.all_reduce(at::stack({loss_sum_, at::scalar_tensor(loss_weight_, loss_sum_.options())}), ReduceOp::sum);
+          host_.all_reduce(at::stack({loss_sum_, at::scalar_tensor(loss_weight_, loss_sum_.options())}), ReduceOp::sum);
       const at::Tensor mean = totals[0] / totals[1];
       result.loss = mean.template item<double>();
       if (publish && !metrics_.logs(Kind::loss_name)) {  // the module's own val_loss wins
@@ -201,7 +201,7 @@ class EvaluationLoop {
     for (const auto& [name, value] : epoch.logged.to_host()) result.metrics[name] = value;
     if (result.loss && !result.metrics.contains(std::string(Kind::loss_name)))
       result.metrics[std::string(Kind::loss_name)] = *result.loss;
-    if constexpr (Fabric::callbacks_type::has_loggers)
+    if constexpr (callbacks_of<Host>::has_loggers)
       if (publish && !result.metrics.empty()) send_to_loggers(result.metrics);
     loss_sum_ = at::Tensor();
     loss_weight_ = 0.0;
@@ -222,16 +222,16 @@ class EvaluationLoop {
                        " at epoch " + std::to_string(ctx.current_epoch) + " (global_step " +
                        std::to_string(ctx.global_step) + "); a " + std::string(Kind::step.name) +
                        " returned a non-finite loss. Check the data and the model's outputs.";
-    if (fabric_.is_global_zero()) std::cerr << text << std::endl;
+    if (host_.is_global_zero()) std::cerr << text << std::endl;
     return text;
   }
 
   auto all_reduce() {
-    return [this](const at::Tensor& t, ReduceOp op) { return fabric_.all_reduce(t, op); };
+    return [this](const at::Tensor& t, ReduceOp op) { return host_.all_reduce(t, op); };
   }
 
-  Fabric& fabric_;
-  HookCallerOf<Fabric, Module>& hook_;
+  Host& host_;
+  HookCallerOf<Host, Module>& hook_;
   Data& data_;
   detail::MetricViews& views_;
   detail::MetricCollection metrics_{/*training=*/false};
@@ -241,14 +241,19 @@ class EvaluationLoop {
 };
 
 /// Trainer::validate and Trainer::test: one run over the data, as an evaluation stage.
-template <class Kind, class Fabric, class Module, class Data>
-EvaluationResult evaluate(Fabric& fabric, Module& module, Data& data) {
-  return run_evaluation_stage(fabric, module, data, Kind::stage, [&](auto& hook, auto& loader, detail::MetricViews& views) {
-    const BatchAmount& limit = fabric.config().*Kind::limit;
-    require_batches(loader, limit, Kind::what, std::string("give it samples, or check ") + Kind::limit_name + ".");
-    EvaluationLoop<Kind, Fabric, Module, std::remove_reference_t<decltype(loader)>> loop(fabric, hook, loader, views);
-    return loop.run(batch_limit(loader, limit, Kind::limit_name), EvaluationMode::standalone);
-  });
+template <class Kind, class Host, class Module, class Data>
+EvaluationResult evaluate(Host& host, Module& module, Data& data) {
+  if constexpr (!loop_host<Host>) {
+    static_assert(assert_loop_host<Host>());
+    return {};
+  } else {
+    return run_evaluation_stage(host, module, data, Kind::stage, [&](auto& hook, auto& loader, detail::MetricViews& views) {
+      const BatchAmount& limit = host.config().*Kind::limit;
+      require_batches(loader, limit, Kind::what, std::string("give it samples, or check ") + Kind::limit_name + ".");
+      EvaluationLoop<Kind, Host, Module, std::remove_reference_t<decltype(loader)>> loop(host, hook, loader, views);
+      return loop.run(batch_limit(loader, limit, Kind::limit_name), EvaluationMode::standalone);
+    });
+  }
 }
 
 }  // namespace fulgur::loops

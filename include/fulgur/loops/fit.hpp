@@ -28,10 +28,10 @@
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
 #include "fulgur/interrupt.hpp"
-#include "fulgur/loops/checkpointing.hpp"
 #include "fulgur/loops/common.hpp"
 #include "fulgur/loops/evaluation.hpp"
 #include "fulgur/loops/fit_state.hpp"
+#include "fulgur/loops/host.hpp"
 #include "fulgur/loops/optimization.hpp"
 #include "fulgur/loops/training_epoch.hpp"
 #include "fulgur/metrics.hpp"
@@ -62,36 +62,37 @@ class IsolatedRandomState {
 };
 
 /// What the strategy makes of a loader (a reference to it, or a loader of its own); NoData stays.
-template <class Fabric, class Data>
+template <class Host, class Data>
 struct processed_loader {
-  using type = decltype(std::declval<Fabric&>().setup_dataloader(std::declval<Data&>()));
+  using type = decltype(std::declval<Host&>().setup_dataloader(std::declval<Data&>()));
 };
-template <class Fabric>
-struct processed_loader<Fabric, NoData> {
+template <class Host>
+struct processed_loader<Host, NoData> {
   using type = NoData;
 };
 
-template <class Fabric, class Module, class TrainData, class ValData>
-class FitLoop final : public FitState {
+template <class Host, class Module, class TrainData, class ValData>
+class FitLoop final : private detail::LoopLink, public FitState {
   static constexpr bool has_validation = !std::is_same_v<ValData, NoData>;
   static constexpr bool automatic = detail::automatic_optimization_of<Module>();
-  using TrainLoader = decltype(std::declval<Fabric&>().setup_dataloader(std::declval<TrainData&>()));
-  using ValLoader = typename processed_loader<Fabric, ValData>::type;
-  using Optimization = std::conditional_t<automatic, AutomaticOptimization<Fabric, Module>,
-                                          ManualOptimization<Fabric, Module>>;
+  using TrainLoader = decltype(std::declval<Host&>().setup_dataloader(std::declval<TrainData&>()));
+  using ValLoader = typename processed_loader<Host, ValData>::type;
+  using Optimization = std::conditional_t<automatic, AutomaticOptimization<Host, Module>,
+                                          ManualOptimization<Host, Module>>;
   using ValLoop = std::conditional_t<has_validation,
-                                     EvaluationLoop<Validation, Fabric, Module, std::remove_reference_t<ValLoader>>,
+                                     EvaluationLoop<Validation, Host, Module, std::remove_reference_t<ValLoader>>,
                                      NoData>;
-  using EpochLoop = TrainingEpochLoop<Fabric, Module, std::remove_reference_t<TrainLoader>, Optimization, ValLoop>;
+  using EpochLoop = TrainingEpochLoop<Host, Module, std::remove_reference_t<TrainLoader>, Optimization, ValLoop>;
 
  public:
-  FitLoop(Fabric& fabric, Module& module, TrainData& train, ValData& val, FitOptions options = {})
-      : FitState(fabric.config(), module, fabric.view_ops(), fabric.global_rank(), fabric.world_size()),
+  FitLoop(Host& host, Module& module, TrainData& train, ValData& val, FitOptions options = {})
+      : FitState(host.config(), module, host_access::services(host).link(), *this, host.global_rank(),
+                 host.world_size()),
         options_(std::move(options)),
-        fabric_(fabric),
-        hook_(module, ctx_, fabric.callback_set(), view_),
-        train_(fabric.setup_dataloader(train)),
-        val_(process_validation(fabric, val)) {}
+        host_(host),
+        hook_(module, ctx_, host_access::services(host).callbacks(), view_),
+        train_(host.setup_dataloader(train)),
+        val_(process_validation(host, val)) {}
 
   FitResult run() {
     InterruptHandler interrupt_handler(config_.handle_interrupt, config_.preemption.enabled);
@@ -106,14 +107,14 @@ class FitLoop final : public FitState {
         hook_(hooks::on_train_start);
         run_epochs();
         stop_if_finished_run_interrupted();  // a Ctrl-C in the last validation is not lost
-        strategy_on_train_end();
+        host_.end_training();  // Lightning's Strategy.on_train_end, before the hooks of that name
         hook_(hooks::on_train_end);
       } else {
-        strategy_on_train_end();
+        host_.end_training();
       }
       hook_(hooks::on_fit_end);
       hook_(hooks::teardown, Stage::fit);
-      fabric_.callback_set().finalize_loggers("success");
+      callbacks().finalize_loggers("success");
     } catch (const Preempted& e) {
       end_preempted(e);
     } catch (const Interrupted& e) {
@@ -125,50 +126,13 @@ class FitLoop final : public FitState {
     return finish();
   }
 
-  /// Lightning's Strategy.on_train_end, before the hooks of the same name: a strategy that keeps the
-  /// module in its own form (stage 3's sharded weights) hands it back whole.
-  void strategy_on_train_end() {
-    if constexpr (requires { fabric_.strategy().on_train_end(); }) fabric_.strategy().on_train_end();
-  }
-
-  // ---- checkpoints -------------------------------------------------------------------------------
-  void request_save(const std::string& path, bool weights_only) override { checkpoints_.save(path, weights_only); }
-  void request_removal(const std::string& path) override { checkpoints_.remove(path); }
-
  private:
-  // ---- FitState's view of the Fabric, the callbacks, the hooks and the loader ----------------------
-  StateDict load(const std::string& path) override { return fabric_.load(path); }
-  void save(const std::string& path, const StateDict& state) override { fabric_.save(path, state); }
-  std::string resolve_path(const std::string& path) override { return fabric_.resolve_path(path); }
-  std::string broadcast_text(const std::string& text) override { return fabric_.broadcast(text); }
-  at::Tensor all_gather(const at::Tensor& tensor) override { return fabric_.all_gather(tensor.to(fabric_.device())); }
-  bool any_rank(bool decision) override { return fabric_.reduce_boolean_decision(decision, /*all=*/false); }
-  StateDict module_state() override { return fabric_.module_state(hook_.module()); }
-  StateDict optimizer_state(torch::optim::Optimizer& optimizer) override { return fabric_.optimizer_state(optimizer); }
-  void load_optimizer_state(torch::optim::Optimizer& optimizer, const StateDict& state) override {
-    fabric_.load_optimizer_state(optimizer, state);
-  }
-  void load_module_state(const StateDict& weights) override {
-    fabric_.load_module_state(hook_.module(), weights, /*strict=*/true);
-  }
-  StateDict precision_state() override { return fabric_.precision_state(); }
-  void load_precision_state(const StateDict& state) override { fabric_.load_precision_state(state); }
-  std::string combination_name() const override { return Fabric::combination_name(); }
+  auto& callbacks() { return host_access::services(host_).callbacks(); }
+
+  // ---- detail::LoopLink: what FitState and StepContext ask of this loop ----------------------------
   std::optional<c10::impl::GenericDict> module_hyperparameters() override {
     if constexpr (requires { hook_.module().hparams(); }) return hyperparameters(hook_.module().hparams());
     else return std::nullopt;
-  }
-  StateDict callback_states() override {
-    StateDict states;
-    fabric_.callback_set().save_states(states);
-    return states;
-  }
-  std::vector<std::string> load_callback_states(const StateDict& states) override {
-    return fabric_.callback_set().load_states(states);
-  }
-  StateDict logger_versions() override { return fabric_.callback_set().logger_versions(); }
-  void resume_loggers(const StateDict& versions, std::int64_t step) override {
-    fabric_.callback_set().resume_loggers(versions, step);
   }
   std::optional<StateDict> loader_state() override {
     if constexpr (requires { train_.state_dict(); }) return train_.state_dict();
@@ -186,49 +150,61 @@ class FitLoop final : public FitState {
   void on_load_checkpoint(const StateDict& checkpoint) override { hook_(hooks::on_load_checkpoint, checkpoint); }
   void shut_down(const std::exception& e, const char* status, bool teardown) override {
     hook_(hooks::on_exception, e);
-    fabric_.callback_set().finalize_loggers(status);
+    callbacks().finalize_loggers(status);
     if (teardown) hook_(hooks::teardown, Stage::fit);
   }
+  void manual_backward(const at::Tensor& loss) override {
+    if constexpr (!automatic) optimization_->backward(loss);
+  }
+  bool manual_step(std::size_t optimizer) override {
+    if constexpr (!automatic) return optimization_->step(optimizer);
+    else return false;
+  }
+  at::Tensor manual_clip(std::size_t optimizer, const ClipGradients& clip) override {
+    if constexpr (!automatic) return optimization_->clip(optimizer, clip);
+    else return {};
+  }
 
-  static ValLoader process_validation(Fabric& fabric, ValData& val) {
-    if constexpr (has_validation) return fabric.setup_dataloader(val);
+  static ValLoader process_validation(Host& host, ValData& val) {
+    if constexpr (has_validation) return host.setup_dataloader(val);
     else return NoData{};
   }
 
   void set_up() {
     Module& module = hook_.module();
-    ctx_.global_rank = fabric_.global_rank();  // the set-up hooks may ask where they run
-    ctx_.world_size = fabric_.world_size();
+    ctx_.global_rank = host_.global_rank();  // the set-up hooks may ask where they run
+    ctx_.world_size = host_.world_size();
     ctx_.stage = Stage::fit;
     ctx_.attach(&train_metrics_);
     view_.attach_metrics(&views_);
     view_.attach_stop_reason(&progress_.stop_reason);
     view_.set_max_epochs(max_epochs());
-    train_metrics_.set_device(fabric_.device());
+    train_metrics_.set_device(host_.device());
     train_metrics_.set_views(&views_);
-    run_setup_hooks(fabric_, hook_, Stage::fit);
+    run_setup_hooks(host_, hook_, Stage::fit);
     if (module.parameters().empty())
       throw MisconfigurationError("fulgur: the module " + module.name() +
                                   " has no parameters, so there is nothing to train; register them with "
                                   "register_module/register_parameter in its constructor (or create them in "
                                   "configure_model).");
-    fabric_.setup_module(module);
+    host_.setup_module(module);
     optimizers_ = detail::to_optimizer_configs(module.configure_optimizers());
     check_optimizers(automatic);
     for (auto& config : optimizers_) {
-      fabric_.setup_optimizers(*config.optimizer);
+      host_.setup_optimizers(*config.optimizer);
       config.lr_scheduler.initial_step();  // as PyTorch's scheduler constructors do
     }
     if constexpr (automatic)
-      optimization_.emplace(fabric_, hook_, config_, *optimizers_.front().optimizer, progress_);
+      optimization_.emplace(host_, hook_, config_, *optimizers_.front().optimizer, progress_);
     else
-      optimization_.emplace(fabric_, hook_, config_, optimizers_, progress_);
+      optimization_.emplace(host_, hook_, config_, optimizers_, progress_,
+                            static_cast<detail::ManualOptimizationLink&>(*this));
     view_.attach_optimizers(optimizers_);
     plan_batches();
     view_.set_num_training_batches(max_batches_ >= 0 ? max_batches_ : -1);
     view_.set_has_validation(schedule_.enabled);
-    if constexpr (Fabric::callbacks_type::has_loggers && requires { module.hparams(); })
-      fabric_.callback_set().log_hyperparams(module.hparams());  // Lightning's _log_hyperparams
+    if constexpr (callbacks_of<Host>::has_loggers && requires { module.hparams(); })
+      callbacks().log_hyperparams(module.hparams());  // Lightning's _log_hyperparams
     if (!module.is_training())
       warn("fulgur: the module is in eval mode at the start of training (dropout and batch norm behave as in "
            "evaluation); call module->train() before fit if that is not what you want.");
@@ -256,9 +232,9 @@ class FitLoop final : public FitState {
       if (!schedule_.enabled || wanted == 0) return;
       std::int64_t steps = wanted < 0 ? schedule_.batches : wanted;
       if (wanted > 0 && schedule_.batches >= 0) steps = std::min(steps, schedule_.batches);
-      IsolatedRandomState isolated(fabric_.device());
+      IsolatedRandomState isolated(host_.device());
       hook_(hooks::on_sanity_check_start);
-      const auto result = validation_.emplace(fabric_, hook_, val_, views_).run(steps, EvaluationMode::sanity_check);
+      const auto result = validation_.emplace(host_, hook_, val_, views_).run(steps, EvaluationMode::sanity_check);
       warnings_.insert(warnings_.end(), result.warnings.begin(), result.warnings.end());
       hook_(hooks::on_sanity_check_end);
     }
@@ -266,15 +242,15 @@ class FitLoop final : public FitState {
 
   void run_epochs() {
     auto* validation = [&]() -> ValLoop* {
-      if constexpr (has_validation) return &(validation_ ? *validation_ : validation_.emplace(fabric_, hook_, val_, views_));
+      if constexpr (has_validation) return &(validation_ ? *validation_ : validation_.emplace(host_, hook_, val_, views_));
       else return nullptr;
     }();
-    EpochLoop epoch_loop({fabric_, hook_, train_, *optimization_, schedulers_, progress_, train_metrics_, views_,
-                          warnings_, validation, checkpoints_},
+    EpochLoop epoch_loop({host_, hook_, train_, *optimization_, schedulers_, progress_, train_metrics_, views_,
+                          warnings_, validation, *this},
                          max_batches_, schedule_);
     const auto start = std::chrono::steady_clock::now();
     view_.set_fit_start(start);
-    if (resuming_) restore_views(fabric_.device());
+    if (resuming_) restore_views(host_.device());
     while (!done()) {
       EpochSummary summary;
       summary.epoch = ctx_.current_epoch = progress_.epochs_done;
@@ -284,7 +260,7 @@ class FitLoop final : public FitState {
       if (resumed && first_batch == 0) restore_random_state();  // before the epoch, as when it was taken
       progress_.in_epoch = true;
       progress_.batches_in_epoch = first_batch;
-      checkpoints_.set_busy(true);
+      hold_checkpoints(true);
       if constexpr (requires { train_.set_epoch(summary.epoch); }) train_.set_epoch(summary.epoch);
       hook_(hooks::on_train_epoch_start);
       if (resumed && first_batch > 0) {  // mid-epoch: as the batch after it found things
@@ -295,20 +271,20 @@ class FitLoop final : public FitState {
       if (!completed && !frozen_loop_) frozen_loop_ = current_loop_state();  // cut short: resume inside this epoch
       finish_epoch(summary, completed);
       progress_.in_epoch = false;
-      checkpoints_.set_busy(false);
-      checkpoints_.flush();
+      hold_checkpoints(false);
+      write_requested_checkpoints();
       if (!done()) stop_if_interrupted(("after epoch " + std::to_string(summary.epoch)).c_str());
     }
   }
 
   void finish_epoch(EpochSummary& summary, bool completed) {
     ++progress_.epochs_done;
-    auto publish = [this] { train_metrics_.publish_epoch(views_, [this](const at::Tensor& t, ReduceOp op) { return fabric_.all_reduce(t, op); }); };
+    auto publish = [this] { train_metrics_.publish_epoch(views_, [this](const at::Tensor& t, ReduceOp op) { return host_.all_reduce(t, op); }); };
     // What the epoch logged is visible to on_train_epoch_end, and what the module logs there to the
     // monitoring callbacks after it (EarlyStopping, the progress bar's epoch line).
     publish();
     hook_.call_with_monitoring_after(hooks::on_train_epoch_end, publish);
-    if constexpr (Fabric::callbacks_type::has_loggers) send_epoch_to_loggers();
+    if constexpr (callbacks_of<Host>::has_loggers) send_epoch_to_loggers();
     close_epoch(summary, completed, schedulers_);
   }
 
@@ -323,21 +299,32 @@ class FitLoop final : public FitState {
   }
 
   FitResult finish() {
-    fabric_.record_fit_position({progress_.epochs_done, progress_.batches_that_stepped});
+    host_access::services(host_).record_fit_position({progress_.epochs_done, progress_.batches_that_stepped});
     return FitState::finish();
   }
 
   FitOptions options_;
-  Fabric& fabric_;
-  HookCallerOf<Fabric, Module> hook_;
+  Host& host_;
+  HookCallerOf<Host, Module> hook_;
   TrainLoader train_;
   ValLoader val_;
   std::optional<Optimization> optimization_;
   std::optional<ValLoop> validation_;
   Schedulers schedulers_{optimizers_, automatic};
-  // Checkpoints: saves wait for the batch or epoch under way; a resume puts its parts back in order.
-  detail::CheckpointQueue checkpoints_{[this](const std::string& path, bool weights_only) { write_checkpoint(path, weights_only); },
-                                       [this](const std::string& path) { remove_checkpoint(path); }};
 };
+
+/// Trainer::fit: the fit loop on `host` (a fulgur::loops::loop_host), kept by the host's loop
+/// services after it ends (save_checkpoint writes its final state).
+template <class Host, class Module, class TrainData, class ValData>
+FitResult fit(Host& host, Module& module, TrainData& train, ValData& val, FitOptions options) {
+  if constexpr (!loop_host<Host>) {
+    static_assert(assert_loop_host<Host>());
+    return {};
+  } else {
+    auto loop = std::make_shared<FitLoop<Host, Module, TrainData, ValData>>(host, module, train, val, std::move(options));
+    host_access::services(host).attach_fit(loop);
+    return loop->run();
+  }
+}
 
 }  // namespace fulgur::loops

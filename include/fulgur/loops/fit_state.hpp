@@ -1,15 +1,15 @@
 #pragma once
 // The half of the fit loop that depends on neither the module's type, nor the loaders', nor the
-// policies: the progress counters, what was logged, when the run is done, and the loop's part of a
-// checkpoint and of a resume. It is compiled once, in libfulgur (src/loops/fit_state.cpp), rather
-// than in every translation unit that calls fit: FitLoop (fit.hpp) derives from it and keeps only
-// what must see the module, the data or the Fabric-level verbs.
+// policies: the progress counters, what was logged, when the run is done, the checkpoints asked
+// for, and the loop's part of a checkpoint and of a resume. It is compiled once, in libfulgur
+// (src/loops/fit_state.cpp), rather than in every translation unit that calls fit: FitLoop (fit.hpp)
+// derives from it and keeps only what must see the module, the data or the Fabric-level verbs.
 //
 // The paths that run a few times a fit (writing a checkpoint, resuming, a preemption or a Ctrl-C,
-// shutting down) live here too: they reach the Fabric, the callbacks, the hooks and the loader
-// through the virtual functions below, which FitLoop implements in a line each. A virtual call
-// there costs nothing that matters; compiling those paths in every file that calls fit was most of
-// fit's compile time (docs/benchmarks.md, "Compile-time cost"). Nothing per step goes through them.
+// shutting down) live here too: they reach the trainer through detail::HostLink and the loop's
+// templates through detail::LoopLink (loops/boundary.hpp, the one boundary). Compiling those paths
+// in every file that calls fit was most of fit's compile time (docs/benchmarks.md, "Compile-time
+// cost"). Nothing per step goes through them.
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
@@ -24,7 +24,7 @@
 #include "fulgur/callbacks/trainer_view.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/loggers/hyperparameters.hpp"
-#include "fulgur/loops/checkpointing.hpp"
+#include "fulgur/loops/boundary.hpp"
 #include "fulgur/loops/training_epoch.hpp"
 #include "fulgur/metrics.hpp"
 #include "fulgur/optimization.hpp"
@@ -35,53 +35,41 @@
 
 namespace fulgur::loops {
 
-class FitState : public detail::FitCheckpointing {
- protected:
-  FitState(const TrainerConfig& config, torch::nn::Module& module, detail::TrainerViewOps view_ops, int global_rank,
-           int world_size)
-      : config_(config),
-        module_(module),
-        view_(ctx_, config, module, view_ops),
-        global_rank_(global_rank),
-        world_size_(world_size) {}
-  ~FitState() override;  // out of line: the members' destructors are compiled once
+class FitState {
+ public:
+  FitState(const FitState&) = delete;
+  FitState& operator=(const FitState&) = delete;
 
   /// Printed by global rank 0; kept in FitResult on every rank.
   void warn(std::string text);
 
-  // ---- what the one-off paths need of FitLoop (the Fabric, the callbacks, the hooks, the loader) --
-  virtual StateDict load(const std::string& path) = 0;
-  /// Every rank takes part; global rank 0 writes.
-  virtual void save(const std::string& path, const StateDict& state) = 0;
-  virtual std::string resolve_path(const std::string& path) = 0;
-  virtual std::string broadcast_text(const std::string& text) = 0;
-  /// The tensor, moved to the device, gathered over the ranks (world_size > 1 only).
-  virtual at::Tensor all_gather(const at::Tensor& tensor) = 0;
-  /// Whether any rank decided so (world_size > 1 only).
-  virtual bool any_rank(bool decision) = 0;
-  virtual StateDict module_state() = 0;
-  virtual StateDict optimizer_state(torch::optim::Optimizer& optimizer) = 0;
-  virtual void load_optimizer_state(torch::optim::Optimizer& optimizer, const StateDict& state) = 0;
-  /// Strict: every weight of the module.
-  virtual void load_module_state(const StateDict& weights) = 0;
-  virtual StateDict precision_state() = 0;
-  virtual void load_precision_state(const StateDict& state) = 0;
-  virtual std::string combination_name() const = 0;
-  /// The module's hparams(), if it has them.
-  virtual std::optional<c10::impl::GenericDict> module_hyperparameters() = 0;
-  virtual StateDict callback_states() = 0;
-  /// Returns the keys no callback claimed.
-  virtual std::vector<std::string> load_callback_states(const StateDict& states) = 0;
-  virtual StateDict logger_versions() = 0;
-  virtual void resume_loggers(const StateDict& versions, std::int64_t step) = 0;
-  /// The training loader's own state, if it keeps one.
-  virtual std::optional<StateDict> loader_state() = 0;
-  /// Whether the training loader took the state (false: it keeps none).
-  virtual bool load_loader_state(const StateDict& state) = 0;
-  virtual void on_save_checkpoint(StateDict& checkpoint) = 0;
-  virtual void on_load_checkpoint(const StateDict& checkpoint) = 0;
-  /// on_exception(e), the loggers finalized with `status`, then teardown("fit") if `teardown`.
-  virtual void shut_down(const std::exception& e, const char* status, bool teardown) = 0;
+  // ---- checkpoints asked for (a callback's, the module's, trainer.save_checkpoint) ----------------
+  /// Writes now between batches, or once the batch or epoch under way is over, so that every
+  /// checkpoint holds a state fit continues from exactly: after batch k of epoch e, or before epoch
+  /// e + 1. Every rank calls it; the strategy decides who writes.
+  void request_save(const std::string& path, bool weights_only);
+  /// Deletes a checkpoint (ModelCheckpoint's worse files), never before a save asked for before it.
+  void request_removal(const std::string& path);
+  /// Whether saves or removals wait for the batch or epoch under way to end.
+  bool checkpoints_requested() const { return !saves_.empty() || !removals_.empty(); }
+  /// What waited, in the order asked.
+  void write_requested_checkpoints();
+
+ protected:
+  FitState(const TrainerConfig& config, torch::nn::Module& module, detail::HostLink& host, detail::LoopLink& loop,
+           int global_rank, int world_size)
+      : config_(config),
+        module_(module),
+        host_link_(host),
+        loop_link_(loop),
+        view_(ctx_, config, module, &host),
+        global_rank_(global_rank),
+        world_size_(world_size) {}
+  ~FitState();  // out of line: the members' destructors are compiled once
+
+  // ---- checkpoints asked for while a batch or an epoch's end is under way -------------------------
+  /// While held, requested saves wait for write_requested_checkpoints().
+  void hold_checkpoints(bool held) { checkpoints_held_ = held; }
 
   // ---- the run ----------------------------------------------------------------------------------
   /// configure_optimizers' answer fits the optimization mode and the config (Lightning's checks).
@@ -115,7 +103,7 @@ class FitState : public detail::FitCheckpointing {
   /// state and, inside an accumulation window, its gradients. Every rank calls it (the per-rank
   /// parts are gathered); global rank 0 writes.
   StateDict checkpoint_state(bool weights_only);
-  void write_checkpoint(const std::string& path, bool weights_only) { save(path, checkpoint_state(weights_only)); }
+  void write_checkpoint(const std::string& path, bool weights_only) { host_link_.save(path, checkpoint_state(weights_only)); }
   void remove_checkpoint(const std::string& path);
   /// Where the run is: after batch k of epoch e (mid-epoch: what was logged so far goes too, and the
   /// loader's own state), or before an epoch. An epoch cut short by a stop keeps its mid-epoch
@@ -137,6 +125,8 @@ class FitState : public detail::FitCheckpointing {
 
   const TrainerConfig& config_;
   torch::nn::Module& module_;
+  detail::HostLink& host_link_;  // the trainer, through the library boundary
+  detail::LoopLink& loop_link_;  // the FitLoop this is part of
   StepContext ctx_;
   TrainerView view_;
   const int global_rank_, world_size_;
@@ -158,6 +148,9 @@ class FitState : public detail::FitCheckpointing {
   StateDict resume_rank_;
 
  private:
+  bool checkpoints_held_ = false;
+  std::vector<std::pair<std::string, bool>> saves_;  // (path, weights_only), in the order asked
+  std::vector<std::string> removals_;
   std::string write_preemption_checkpoint();
   StateDict loop_state(std::optional<StateDict> loader) const;
   StateDict rank_states();

@@ -75,17 +75,17 @@ struct BatchOutcome {
   bool step_ran = false;   ///< ... and really changed the parameters
 };
 
-template <class Fabric, class Module>
+template <class Host, class Module>
 class AutomaticOptimization {
  public:
-  AutomaticOptimization(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, const TrainerConfig& config,
+  AutomaticOptimization(Host& host, HookCallerOf<Host, Module>& hook, const TrainerConfig& config,
                         torch::optim::Optimizer& optimizer, FitProgress& progress)
-      : fabric_(fabric), hook_(hook), config_(config), optimizer_(optimizer), progress_(progress) {}
+      : host_(host), hook_(hook), config_(config), optimizer_(optimizer), progress_(progress) {}
 
   /// step_now: this batch ends an accumulation window (or the epoch); first: it starts one.
   template <class Batch>
   auto run(const Batch& batch, bool step_now, bool first) {
-    auto output = run_step(fabric_, hook_, hooks::training_step, batch);
+    auto output = run_step(host_, hook_, hooks::training_step, batch);
     BatchOutcome<decltype(output)> outcome{std::move(output), {}, step_now, false};
     outcome.loss = checked_loss(loss_of(outcome.output));
     if (first) {
@@ -96,10 +96,10 @@ class AutomaticOptimization {
     const at::Tensor loss = accumulate > 1 ? outcome.loss / static_cast<double>(accumulate) : outcome.loss;
     hook_(hooks::on_before_backward, loss);
     try {
-      auto local_only = fabric_.no_backward_sync(hook_.module(), !step_now);  // micro-batches: no communication
-      fabric_.backward(loss, hook_.module());
+      auto local_only = host_.no_backward_sync(hook_.module(), !step_now);  // micro-batches: no communication
+      host_.backward(loss, hook_.module());
     } catch (const c10::Error& e) {
-      throw step_failure("training_step", hook_.ctx(), Fabric::precision_type::name, e, batch, hook_.module());
+      throw step_failure("training_step", hook_.ctx(), Host::precision_name(), e, batch, hook_.module());
     }
     hook_(hooks::on_after_backward);
     if (step_now) outcome.step_ran = step();
@@ -116,48 +116,49 @@ class AutomaticOptimization {
   }
 
   bool step() {
-    if (!fabric_.unscales_in_optimizer(optimizer_)) fabric_.unscale_gradients(optimizer_);
+    if (!host_.unscales_in_optimizer(optimizer_)) host_.unscale_gradients(optimizer_);
     hook_(hooks::on_before_optimizer_step, optimizer_);
     if (config_.gradient_clip_val && *config_.gradient_clip_val > 0.0) {
       ClipGradients clip{.error_if_nonfinite = false};
       (config_.gradient_clip_algorithm == GradientClipAlgorithm::norm ? clip.max_norm : clip.clip_val) =
           *config_.gradient_clip_val;
-      fabric_.clip_gradients(hook_.module(), optimizer_, clip);
+      host_.clip_gradients(hook_.module(), optimizer_, clip);
     }
-    const bool ran = fabric_.optimizer_step(optimizer_);
-    count_optimizer_step(progress_, ran, config_, hook_.ctx(), Fabric::precision_type::name);
+    const bool ran = host_.optimizer_step(optimizer_);
+    count_optimizer_step(progress_, ran, config_, hook_.ctx(), Host::precision_name());
     return ran;
   }
 
-  Fabric& fabric_;
-  HookCallerOf<Fabric, Module>& hook_;
+  Host& host_;
+  HookCallerOf<Host, Module>& hook_;
   const TrainerConfig& config_;
   torch::optim::Optimizer& optimizer_;
   FitProgress& progress_;
 };
 
-template <class Fabric, class Module>
+template <class Host, class Module>
 class ManualOptimization {
  public:
-  ManualOptimization(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, const TrainerConfig& config,
-                     std::vector<OptimizerConfig>& optimizers, FitProgress& progress)
-      : fabric_(fabric), hook_(hook), config_(config), optimizers_(optimizers), progress_(progress) {
-    ops_ = {this, &ManualOptimization::backward, &ManualOptimization::step, &ManualOptimization::clip};
+  /// `link`: the loop under way, through which StepContext reaches backward, step and clip below.
+  ManualOptimization(Host& host, HookCallerOf<Host, Module>& hook, const TrainerConfig& config,
+                     std::vector<OptimizerConfig>& optimizers, FitProgress& progress,
+                     detail::ManualOptimizationLink& link)
+      : host_(host), hook_(hook), config_(config), optimizers_(optimizers), progress_(progress) {
     std::vector<ManualOptimizer> handles;
     std::vector<AnyLRScheduler*> schedulers;
     for (std::size_t i = 0; i < optimizers_.size(); ++i) {
-      handles.emplace_back(*optimizers_[i].optimizer, i, ops_);
+      handles.emplace_back(*optimizers_[i].optimizer, i, link);
       schedulers.push_back(&optimizers_[i].lr_scheduler);
     }
-    hook_.ctx().attach_manual(&ops_, std::move(handles), std::move(schedulers));
+    hook_.ctx().attach_manual(&link, std::move(handles), std::move(schedulers));
   }
-  ManualOptimization(const ManualOptimization&) = delete;  // ops_ points at this object
+  ManualOptimization(const ManualOptimization&) = delete;
   ManualOptimization& operator=(const ManualOptimization&) = delete;
 
   template <class Batch>
   auto run(const Batch& batch, bool /*step_now*/, bool /*first*/) {
     const std::int64_t ran_before = progress_.stepped_in_epoch;
-    auto output = run_step(fabric_, hook_, hooks::training_step, batch);
+    auto output = run_step(host_, hook_, hooks::training_step, batch);
     BatchOutcome<decltype(output)> outcome{std::move(output), {}, false, false};
     if constexpr (has_loss<decltype(outcome.output)>) outcome.loss = loss_of(outcome.output);
     outcome.stepped = true;  // nothing accumulates under manual optimization (Lightning's rule)
@@ -165,34 +166,31 @@ class ManualOptimization {
     return outcome;
   }
 
- private:
-  static void backward(void* self, const at::Tensor& loss) {
-    auto& loop = *static_cast<ManualOptimization*>(self);
-    loop.hook_(hooks::on_before_backward, loss);
-    loop.fabric_.backward(loss, loop.hook_.module());
-    loop.hook_(hooks::on_after_backward);
+  // ---- what the training_step calls (StepContext -> the loop's ManualOptimizationLink -> here) -----
+  void backward(const at::Tensor& loss) {
+    hook_(hooks::on_before_backward, loss);
+    host_.backward(loss, hook_.module());
+    hook_(hooks::on_after_backward);
   }
-  static bool step(void* self, std::size_t index) {
-    auto& loop = *static_cast<ManualOptimization*>(self);
-    torch::optim::Optimizer& optimizer = *loop.optimizers_[index].optimizer;
-    if (!loop.fabric_.unscales_in_optimizer(optimizer)) loop.fabric_.unscale_gradients(optimizer);
-    loop.hook_(hooks::on_before_optimizer_step, optimizer);
-    const bool ran = loop.fabric_.optimizer_step(optimizer);
-    count_optimizer_step(loop.progress_, ran, loop.config_, loop.hook_.ctx(), Fabric::precision_type::name);
-    loop.hook_.ctx().global_step = loop.progress_.global_step;
+  bool step(std::size_t index) {
+    torch::optim::Optimizer& optimizer = *optimizers_[index].optimizer;
+    if (!host_.unscales_in_optimizer(optimizer)) host_.unscale_gradients(optimizer);
+    hook_(hooks::on_before_optimizer_step, optimizer);
+    const bool ran = host_.optimizer_step(optimizer);
+    count_optimizer_step(progress_, ran, config_, hook_.ctx(), Host::precision_name());
+    hook_.ctx().global_step = progress_.global_step;
     return ran;
   }
-  static at::Tensor clip(void* self, std::size_t index, const ClipGradients& clip) {
-    auto& loop = *static_cast<ManualOptimization*>(self);
-    return loop.fabric_.clip_gradients(loop.hook_.module(), *loop.optimizers_[index].optimizer, clip);
+  at::Tensor clip(std::size_t index, const ClipGradients& clip) {
+    return host_.clip_gradients(hook_.module(), *optimizers_[index].optimizer, clip);
   }
 
-  Fabric& fabric_;
-  HookCallerOf<Fabric, Module>& hook_;
+ private:
+  Host& host_;
+  HookCallerOf<Host, Module>& hook_;
   const TrainerConfig& config_;
   std::vector<OptimizerConfig>& optimizers_;
   FitProgress& progress_;
-  detail::ManualOptimizationOps ops_{};
 };
 
 /// The schedulers of configure_optimizers, stepped as Lightning steps them (update_lr_schedulers),

@@ -23,14 +23,14 @@
 
 namespace fulgur::loops {
 
-template <class Fabric, class Module, class Data>
+template <class Host, class Module, class Data>
 class PredictionLoop {
-  using Output = step_output_t<Fabric, Module, hooks::predict_step_t,
-                               decltype(prepare_batch(std::declval<Fabric&>(), std::declval<HookCallerOf<Fabric, Module>&>(),
+  using Output = step_output_t<Host, Module, hooks::predict_step_t,
+                               decltype(prepare_batch(std::declval<Host&>(), std::declval<HookCallerOf<Host, Module>&>(),
                                                       std::declval<const batch_of_t<Data>&>(), ""))>;
 
  public:
-  PredictionLoop(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, Data& data) : fabric_(fabric), hook_(hook), data_(data) {}
+  PredictionLoop(Host& host, HookCallerOf<Host, Module>& hook, Data& data) : host_(host), hook_(hook), data_(data) {}
 
   /// At most max_batches batches (-1: all of them).
   auto run(std::int64_t max_batches) {
@@ -59,29 +59,34 @@ class PredictionLoop {
   template <class RawBatch>
   auto run_batch(const RawBatch& raw, std::int64_t batch_idx) {
     hook_.ctx().batch_idx = batch_idx;
-    const auto batch = prepare_batch(fabric_, hook_, raw, "predict_step");
+    const auto batch = prepare_batch(host_, hook_, raw, "predict_step");
     hook_(hooks::on_predict_batch_start, batch, batch_idx);
-    auto prediction = to_cpu(run_step(fabric_, hook_, hooks::predict_step, batch));
+    auto prediction = to_cpu(run_step(host_, hook_, hooks::predict_step, batch));
     hook_(hooks::on_predict_batch_end, prediction, batch, batch_idx);
     return prediction;
   }
 
   auto to_cpu(const Output& output) {
-    return data::map_tensors(fabric_.convert_output(output), [](const at::Tensor& t) { return t.defined() ? t.cpu() : t; });
+    return data::map_tensors(host_.convert_output(output), [](const at::Tensor& t) { return t.defined() ? t.cpu() : t; });
   }
 
-  Fabric& fabric_;
-  HookCallerOf<Fabric, Module>& hook_;
+  Host& host_;
+  HookCallerOf<Host, Module>& hook_;
   Data& data_;
 };
 
 /// Trainer::predict: one run over the data, as an evaluation stage.
-template <class Fabric, class Module, class Data>
-auto predict(Fabric& fabric, Module& module, Data& data) {
-  return run_evaluation_stage(fabric, module, data, Stage::predict, [&](auto& hook, auto& loader, detail::MetricViews&) {
-    PredictionLoop<Fabric, Module, std::remove_reference_t<decltype(loader)>> loop(fabric, hook, loader);
-    return loop.run(batch_limit(loader, fabric.config().limit_predict_batches, "limit_predict_batches"));
-  });
+template <class Host, class Module, class Data>
+auto predict(Host& host, Module& module, Data& data) {
+  if constexpr (!loop_host<Host>) {
+    static_assert(assert_loop_host<Host>());
+    return 0;  // never reached: the static_assert above is the one error
+  } else {
+    return run_evaluation_stage(host, module, data, Stage::predict, [&](auto& hook, auto& loader, detail::MetricViews&) {
+      PredictionLoop<Host, Module, std::remove_reference_t<decltype(loader)>> loop(host, hook, loader);
+      return loop.run(batch_limit(loader, host.config().limit_predict_batches, "limit_predict_batches"));
+    });
+  }
 }
 
 }  // namespace fulgur::loops

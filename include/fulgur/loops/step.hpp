@@ -11,11 +11,11 @@
 
 namespace fulgur::loops {
 
-template <class Fabric, class Module, class Step, class Batch>
-auto run_step(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, Step step, const Batch& batch) {
+template <class Host, class Module, class Step, class Batch>
+auto run_step(Host& host, HookCallerOf<Host, Module>& hook, Step step, const Batch& batch) {
   StepContext& ctx = hook.ctx();
   try {
-    auto precision_context = fabric.forward_context();
+    auto precision_context = host.forward_context();
     if constexpr (std::is_void_v<decltype(hook(step, batch, ctx.batch_idx))>) {
       hook(step, batch, ctx.batch_idx);
       return NoOutput{};
@@ -23,13 +23,13 @@ auto run_step(Fabric& fabric, HookCallerOf<Fabric, Module>& hook, Step step, con
       return hook(step, batch, ctx.batch_idx);
     }
   } catch (const c10::Error& e) {
-    throw step_failure(Step::name, ctx, Fabric::precision_type::name, e, batch, hook.module());
+    throw step_failure(Step::name, ctx, Host::precision_name(), e, batch, hook.module());
   }
 }
 
 /// The step's output type for batches of type Batch.
-template <class Fabric, class Module, class Step, class Batch>
-using step_output_t = decltype(run_step(std::declval<Fabric&>(), std::declval<HookCallerOf<Fabric, Module>&>(),
+template <class Host, class Module, class Step, class Batch>
+using step_output_t = decltype(run_step(std::declval<Host&>(), std::declval<HookCallerOf<Host, Module>&>(),
                                         std::declval<Step>(), std::declval<const Batch&>()));
 
 }  // namespace fulgur::loops

@@ -26,7 +26,6 @@
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
 #include "fulgur/interrupt.hpp"
-#include "fulgur/loops/checkpointing.hpp"
 #include "fulgur/loops/common.hpp"
 #include "fulgur/loops/evaluation.hpp"
 #include "fulgur/loops/optimization.hpp"
@@ -34,6 +33,8 @@
 #include "fulgur/results.hpp"
 
 namespace fulgur::loops {
+
+class FitState;
 
 /// When fit validates, from val_check_interval, check_val_every_n_epoch and the loaders' lengths.
 struct ValidationSchedule {
@@ -43,12 +44,12 @@ struct ValidationSchedule {
   std::optional<std::int64_t> every_n_epochs{};
 };
 
-template <class Fabric, class Module, class TrainData, class Optimization, class ValLoop>
+template <class Host, class Module, class TrainData, class Optimization, class ValLoop>
 class TrainingEpochLoop {
  public:
   struct Parts {
-    Fabric& fabric;
-    HookCallerOf<Fabric, Module>& hook;
+    Host& host;
+    HookCallerOf<Host, Module>& hook;
     TrainData& data;
     Optimization& optimization;
     Schedulers& schedulers;
@@ -57,11 +58,11 @@ class TrainingEpochLoop {
     detail::MetricViews& views;
     std::vector<std::string>& warnings;
     ValLoop* validation;  // null without validation data
-    detail::CheckpointQueue& checkpoints;
+    FitState& fit;  // its checkpoint requests, written between batches
   };
 
   TrainingEpochLoop(Parts parts, std::int64_t max_batches, ValidationSchedule schedule)
-      : p_(parts), config_(parts.fabric.config()), max_batches_(max_batches), schedule_(schedule) {}
+      : p_(parts), config_(parts.host.config()), max_batches_(max_batches), schedule_(schedule) {}
 
   /// One epoch; fills the summary's train_loss and val_loss. Returns whether the epoch reached its
   /// end (its last batch, or on_train_batch_start's -1), also when the run stops there.
@@ -110,7 +111,7 @@ class TrainingEpochLoop {
     StepContext& ctx = p_.hook.ctx();
     ctx.batch_idx = batch_idx;
     const std::int64_t step_at_batch = ctx.global_step = p_.progress.global_step;
-    const auto batch = prepare_batch(p_.fabric, p_.hook, raw, "training_step");
+    const auto batch = prepare_batch(p_.host, p_.hook, raw, "training_step");
     p_.metrics.set_batch_size(data::extract_batch_size(batch));
     if (ends_epoch(p_.hook(hooks::on_train_batch_start, batch, batch_idx))) {
       ++p_.progress.total_batch_idx;  // Lightning counts the batch as ready
@@ -126,7 +127,7 @@ class TrainingEpochLoop {
     p_.hook(hooks::on_train_batch_end, outcome.output, batch, batch_idx);
     if (!p_.metrics.empty()) {  // something was logged this epoch
       p_.metrics.sync_step_values(all_reduce());
-      if constexpr (Fabric::callbacks_type::has_loggers)
+      if constexpr (callbacks_of<Host>::has_loggers)
         if (outcome.stepped) send_step_to_loggers();
       p_.metrics.publish_step(p_.views);
     }
@@ -144,7 +145,7 @@ class TrainingEpochLoop {
     // Saves asked for in this batch are written now that it is over; at an epoch's end (or a
     // stop), once the epoch is (fit.hpp).
     if (ended == BatchEnd::go_on) {
-      if (p_.checkpoints.pending()) p_.checkpoints.flush();
+      if (p_.fit.checkpoints_requested()) p_.fit.write_requested_checkpoints();
       check_signals(outcome.stepped);  // the batch is over: a checkpoint taken now resumes exactly
     }
     return ended;
@@ -179,10 +180,10 @@ class TrainingEpochLoop {
   /// after each log step's batch (one collective there, none per batch), so that they stop
   /// together. An epoch's last batch and a stop are left to fit, once the epoch is over.
   void check_signals(bool stepped) {
-    if (p_.fabric.world_size() > 1 && !(stepped && p_.progress.batches_that_stepped % config_.log_every_n_steps == 0))
+    if (p_.host.world_size() > 1 && !(stepped && p_.progress.batches_that_stepped % config_.log_every_n_steps == 0))
       return;
     const StepContext& ctx = p_.hook.ctx();
-    stop_if_signalled(p_.fabric, [&] {
+    stop_if_signalled(p_.host, [&] {
       return "after " + position_text("training_step", ctx.current_epoch, ctx.batch_idx, p_.progress.global_step);
     });
   }
@@ -198,7 +199,7 @@ class TrainingEpochLoop {
     }
     if (config_.max_time && !ctx.should_stop) {
       const bool up = std::chrono::steady_clock::now() - fit_start_ >= *config_.max_time;
-      if (p_.fabric.reduce_boolean_decision(up, /*all=*/false)) {  // every rank stops at the same batch
+      if (p_.host.reduce_boolean_decision(up, /*all=*/false)) {  // every rank stops at the same batch
         ctx.should_stop = true;
         progress.stop_reason = "max_time=" + fixed(config_.max_time->count()) + " s reached";
       }
@@ -220,13 +221,13 @@ class TrainingEpochLoop {
     // A copy (float32: every backend reduces it), averaged over the ranks, which all read the same
     // batches: every rank reports, monitors and checks the same number.
     at::Tensor loss = outcome.loss.detach().reshape({}).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-    if (p_.fabric.world_size() > 1) loss = p_.fabric.all_reduce(loss, ReduceOp::mean);
+    if (p_.host.world_size() > 1) loss = p_.host.all_reduce(loss, ReduceOp::mean);
     const double value = loss.template item<double>();
     summary_->train_loss = value;
     p_.hook.view()->set_last_train_loss(value);
     if (!p_.metrics.logs("train_loss"))  // fulgur's train_loss, a callback metric monitors can use
       p_.views.callback.set("train_loss", loss);
-    constexpr bool scaled = detail::uses_scaler<typename Fabric::precision_type>();  // skips are counted instead
+    constexpr bool scaled = Host::uses_loss_scaler;  // skips are counted instead
     if (!scaled && config_.finite_loss_check != FiniteLossCheck::off && !std::isfinite(value))
       throw NonFiniteLossError(non_finite_message(value, step_at_batch));
     last_finite_step_ = step_at_batch;
@@ -237,7 +238,7 @@ class TrainingEpochLoop {
     const bool every_step = config_.finite_loss_check == FiniteLossCheck::every_step;
     return "fulgur: the loss is " + std::string(std::isnan(value) ? "NaN" : "infinite") + " at " +
            position_text("training_step", ctx.current_epoch, ctx.batch_idx, step_at_batch) + " under precision '" +
-           std::string(Fabric::precision_type::name) + "'" +
+           std::string(Host::precision_name()) + "'" +
            (every_step || last_finite_step_ < 0 ? std::string(".")
                                                  : "; it was last seen finite at global_step " +
                                                        std::to_string(last_finite_step_) + ".") +
@@ -272,7 +273,7 @@ class TrainingEpochLoop {
   }
 
   auto all_reduce() {
-    return [this](const at::Tensor& t, ReduceOp op) { return p_.fabric.all_reduce(t, op); };
+    return [this](const at::Tensor& t, ReduceOp op) { return p_.host.all_reduce(t, op); };
   }
 
   Parts p_;

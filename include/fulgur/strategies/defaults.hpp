@@ -175,6 +175,10 @@ class strategy_defaults {
     derived().barrier("save_checkpoint");
   }
   StateDict load_checkpoint(const std::string& path) { return checkpoint::load(path); }
+  /// Global rank 0 deletes the checkpoint and what its format keeps beside it; no rank waits.
+  void remove_checkpoint(const std::string& path) {
+    if (derived().is_global_zero()) checkpoint::remove(path);
+  }
   void load_module_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true) {
     checkpoint::load_module_state_dict(module, state, strict);
   }

@@ -1,0 +1,27 @@
+// TrainerView's calls into the fit under way (include/fulgur/callbacks/trainer_view.hpp).
+#include "fulgur/callbacks/trainer_view.hpp"
+
+#include <iostream>
+
+#include "fulgur/loops/fit_state.hpp"
+
+namespace fulgur {
+
+void TrainerView::warn(std::string text) {
+  if (loops::FitState* fit = host_ != nullptr ? host_->fit() : nullptr; fit != nullptr && ctx_->stage == Stage::fit)
+    return fit->warn(std::move(text));
+  if (is_global_zero()) std::cerr << text << std::endl;
+}
+
+void TrainerView::save_checkpoint(const std::string& path, bool weights_only) {
+  loops::FitState* fit = host_ != nullptr ? host_->fit() : nullptr;
+  if (fit == nullptr)
+    throw MisconfigurationError("fulgur: save_checkpoint needs a fit under way or finished; call it from fit's hooks.");
+  fit->request_save(path, weights_only);
+}
+
+void TrainerView::remove_checkpoint(const std::string& path) {
+  if (loops::FitState* fit = host_ != nullptr ? host_->fit() : nullptr) fit->request_removal(path);
+}
+
+}  // namespace fulgur
