@@ -73,21 +73,8 @@ struct RecordingLogger {
   }
 };
 
-/// This process's scratch folders live under one root, removed when the process exits.
-const std::string& scratch_root() {
-  static const struct Root {
-    std::string path = "/tmp/fulgur_checkpoint_tests_" + std::to_string(::getpid());
-    ~Root() { fulgur::detail::remove_tree(path); }
-  } root{};
-  return root.path;
-}
-
-std::string scratch_folder(const std::string& name) {
-  const std::string folder = scratch_root() + "/" + name;
-  fulgur::detail::remove_tree(folder);
-  fulgur::detail::make_directories(folder);
-  return folder;
-}
+using test::scratch_folder;
+using test::scratch_root;
 
 struct Run {
   std::vector<at::Tensor> weights;

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <unistd.h>
+
 #include "fulgur/detail/files.hpp"
 #include "fulgur/fulgur.hpp"
 
@@ -129,6 +131,23 @@ inline void load_archive_bytes(torch::optim::Optimizer& optimizer, const std::st
 inline fulgur::TrainerConfig quiet(fulgur::TrainerConfig c = {}) {
   c.enable_progress_bar = false;
   return c;
+}
+
+/// This process's scratch folders live under one root, removed when the process exits.
+inline const std::string& scratch_root() {
+  static const struct Root {
+    std::string path = "/tmp/fulgur_unit_tests_" + std::to_string(::getpid());
+    ~Root() { fulgur::detail::remove_tree(path); }
+  } root{};
+  return root.path;
+}
+
+/// An empty folder of that name under scratch_root().
+inline std::string scratch_folder(const std::string& name) {
+  const std::string folder = scratch_root() + "/" + name;
+  fulgur::detail::remove_tree(folder);
+  fulgur::detail::make_directories(folder);
+  return folder;
 }
 
 }  // namespace test

@@ -41,7 +41,9 @@ template <class... Ts>
 class CallbackSet {
  public:
   CallbackSet() = default;
-  explicit CallbackSet(Ts... items) : items_(std::move(items)...) {}
+  explicit CallbackSet(Ts... items)
+    requires(sizeof...(Ts) > 0)
+      : items_(std::move(items)...) {}
 
   // A callback with a member of the hook's name that cannot take the call is reached too: the call
   // is then the compile error that names the hook (never a hook silently not called).
