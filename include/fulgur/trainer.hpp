@@ -42,7 +42,7 @@
 #include "fulgur/data/batch.hpp"
 #include "fulgur/detail/files.hpp"
 #include "fulgur/data/tensor_loader.hpp"
-#include "fulgur/distributed/meta_init.hpp"
+#include "fulgur/detail/meta_tensors.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/loops/evaluation.hpp"
 #include "fulgur/loops/fit.hpp"
@@ -222,7 +222,7 @@ class Trainer {
     precision_.convert_module(m);
     strategy_.module_to_device(m);
     if (use == ModuleSetup::evaluation) {  // backward(loss) keeps the module set up for training
-      distributed::refuse_meta_tensors(m, "a model built in init_module(/*empty_init=*/true) gets its memory when "
+      detail::refuse_meta_tensors(m, "a model built in init_module(/*empty_init=*/true) gets its memory when "
                                           "fit sets it up: fit it before validate, test or predict, or build it "
                                           "with init_module().");
       return;

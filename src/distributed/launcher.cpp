@@ -1,5 +1,5 @@
 // The supervisor of fulgur's built-in launcher (see the header).
-#include "fulgur/distributed/launcher.hpp"
+#include "src/distributed/launcher.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,5 +1,5 @@
 // Materialising a meta-built model for ShardedStrategy<3> (include/fulgur/distributed/meta_init.hpp).
-#include "fulgur/distributed/meta_init.hpp"
+#include "src/distributed/meta_init.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -24,9 +24,9 @@
 #include <utility>
 #include <vector>
 
-#include "fulgur/distributed/optimizer_shard.hpp"
+#include "src/distributed/optimizer_shard.hpp"
 #include "fulgur/device_guards.hpp"
-#include "fulgur/distributed/process_group.hpp"
+#include "src/distributed/process_group.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur::distributed {
@@ -76,21 +76,6 @@ bool reset_builtin_parameters(torch::nn::Module& module) {
 
 bool initialises_children(const torch::nn::Module& module) {
   return dynamic_cast<const torch::nn::MultiheadAttentionImpl*>(&module) != nullptr;
-}
-
-std::string first_meta_tensor(const torch::nn::Module& module) {
-  for (const auto& item : module.named_parameters())
-    if (item.value().defined() && item.value().is_meta()) return item.key();
-  for (const auto& item : module.named_buffers())
-    if (item.value().defined() && item.value().is_meta()) return item.key();
-  return {};
-}
-
-void refuse_meta_tensors(const torch::nn::Module& module, const std::string& advice) {
-  const std::string name = first_meta_tensor(module);
-  if (!name.empty())
-    throw MisconfigurationError("fulgur: the module's tensor '" + name +
-                                "' is on the meta device (a shape without memory or value); " + advice);
 }
 
 std::unordered_set<const void*> meta_tensors(const torch::nn::Module& module) {

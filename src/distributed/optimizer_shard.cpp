@@ -1,5 +1,5 @@
 // The ZeRO layout of one optimizer's parameters (include/fulgur/distributed/optimizer_shard.hpp).
-#include "fulgur/distributed/optimizer_shard.hpp"
+#include "src/distributed/optimizer_shard.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/optim/adagrad.h>

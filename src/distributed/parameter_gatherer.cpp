@@ -1,5 +1,5 @@
 // Stage 3's gathers on first use (include/fulgur/distributed/parameter_gatherer.hpp).
-#include "fulgur/distributed/parameter_gatherer.hpp"
+#include "src/distributed/parameter_gatherer.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>

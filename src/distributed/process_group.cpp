@@ -5,7 +5,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "fulgur/distributed/process_group.hpp"
+#include "src/distributed/process_group.hpp"
 
 #include <ATen/ATen.h>
 

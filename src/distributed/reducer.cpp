@@ -1,4 +1,4 @@
-#include "fulgur/distributed/reducer.hpp"
+#include "src/distributed/reducer.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/variable.h>

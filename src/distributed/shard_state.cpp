@@ -1,5 +1,5 @@
 // A sharded optimizer state read back whole (include/fulgur/distributed/shard_state.hpp).
-#include "fulgur/distributed/shard_state.hpp"
+#include "src/distributed/shard_state.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/optim/adagrad.h>

@@ -1,5 +1,5 @@
 // Stage 3's module state in a sharded checkpoint (include/fulgur/distributed/sharded_module_state.hpp).
-#include "fulgur/distributed/sharded_module_state.hpp"
+#include "src/distributed/sharded_module_state.hpp"
 
 #include <ATen/ATen.h>
 
@@ -7,7 +7,7 @@
 #include <unordered_map>
 
 #include "fulgur/checkpoint/io.hpp"
-#include "fulgur/distributed/shard_state.hpp"
+#include "src/distributed/shard_state.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur::distributed {

@@ -1,5 +1,5 @@
 // ZeRO stage 2's gradient reduction (include/fulgur/distributed/sharded_reducer.hpp).
-#include "fulgur/distributed/sharded_reducer.hpp"
+#include "src/distributed/sharded_reducer.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/variable.h>

@@ -1,5 +1,5 @@
 // Stage 3's units (include/fulgur/distributed/wrap_policy.hpp).
-#include "fulgur/distributed/wrap_policy.hpp"
+#include "src/distributed/wrap_policy.hpp"
 
 #include <torch/nn/module.h>
 

@@ -1,4 +1,5 @@
 #include "fulgur/loggers/csv_logger.hpp"
+#include "fulgur/detail/atomic_file.hpp"
 #include "fulgur/detail/files.hpp"
 #include "fulgur/errors.hpp"
 
@@ -177,15 +178,8 @@ void CSVLogger::write_rows(bool rewrite) {
       const auto value = row.find(column);
       return value != row.end() ? value->second : std::string();
     });
-  if (rewrite) {
-    detail::make_directories(log_dir());
-    const std::string temporary = path + ".tmp";
-    std::ofstream out(temporary, std::ios::trunc);
-    if (!out) throw Error("fulgur: CSVLogger cannot write " + temporary + "; check that it is writable.");
-    out << text;
-    out.close();
-    if (!out) throw Error("fulgur: CSVLogger could not finish writing " + temporary + " (disk full?).");
-    detail::rename_path(temporary, path);
+  if (rewrite) {  // a new column: the whole file again, replaced atomically
+    detail::atomic_write(path, text, "metrics file");
     return;
   }
   // Appending, the file stays open from a run's first save to its end: a save at a log step is one

@@ -1,11 +1,12 @@
 #include "fulgur/loggers/log_directory.hpp"
+#include "fulgur/detail/atomic_file.hpp"
 #include "fulgur/detail/files.hpp"
 #include "fulgur/errors.hpp"
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <system_error>
 
@@ -76,38 +77,34 @@ std::string yaml_float(double v) {
 }
 
 void write_hparams_yaml(const std::string& path, const Hyperparameters& hparams) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    if (!out) throw Error("fulgur: cannot write " + temporary + "; check that the log directory is writable.");
-    if (hparams.empty()) out << "{}\n";
-    for (const auto& [name, value] : hparams) {
-      out << name << ": ";
-      std::visit(
-          [&](const auto& v) {
-            using V = std::decay_t<decltype(v)>;
-            if constexpr (std::is_same_v<V, bool>)
-              out << (v ? "true" : "false");
-            else if constexpr (std::is_same_v<V, std::int64_t>)
-              out << v;
-            else if constexpr (std::is_same_v<V, double>)
-              out << yaml_float(v);
-            else {  // YAML's double-quoted scalar, escaped
-              out << '"';
-              for (char c : v) {
-                if (c == '"' || c == '\\') out << '\\' << c;
-                else if (c == '\n') out << "\\n";
-                else if (c == '\t') out << "\\t";
-                else out << c;
-              }
-              out << '"';
+  std::ostringstream out;
+  if (hparams.empty()) out << "{}\n";
+  for (const auto& [name, value] : hparams) {
+    out << name << ": ";
+    std::visit(
+        [&](const auto& v) {
+          using V = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<V, bool>)
+            out << (v ? "true" : "false");
+          else if constexpr (std::is_same_v<V, std::int64_t>)
+            out << v;
+          else if constexpr (std::is_same_v<V, double>)
+            out << yaml_float(v);
+          else {  // YAML's double-quoted scalar, escaped
+            out << '"';
+            for (char c : v) {
+              if (c == '"' || c == '\\') out << '\\' << c;
+              else if (c == '\n') out << "\\n";
+              else if (c == '\t') out << "\\t";
+              else out << c;
             }
-          },
-          value);
-      out << '\n';
-    }
+            out << '"';
+          }
+        },
+        value);
+    out << '\n';
   }
-  fulgur::detail::rename_path(temporary, path);
+  fulgur::detail::atomic_write(path, out.str(), "hyperparameters file");
 }
 
 }  // namespace fulgur::loggers::detail

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 
+#include "src/distributed/parameter_gatherer.hpp"  // stage 3's gather statistics, which a user never reads
 #include "unit/support.hpp"
 
 using namespace fulgur;

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include "src/distributed/reducer.hpp"  // the reducer's buckets, which a user never reads
 #include "unit/support.hpp"
 
 using namespace fulgur;

@@ -2,10 +2,10 @@
 // Checkpoint files and the state of modules and optimizers (implemented in src/checkpoint_io.cpp).
 //
 // A checkpoint is a StateDict written with torch::pickle_save (a torch.save-style zip).
-// Writes are atomic: a temporary file in the same folder (".<name>.tmp.<pid>"), fsync, rename, fsync
-// of the folder — a crash mid-save leaves the previous checkpoint intact. A save first removes the
-// temporary files of writers killed mid-save (dead pid, no lock held); saves in one process run one
-// at a time. A failed save or load is a CheckpointError and changes nothing on disk.
+// Writes are atomic (detail/atomic_file.hpp: a temporary file, fsync, rename, fsync of the folder):
+// a crash mid-save leaves the previous checkpoint intact. A failed save or load is a
+// CheckpointError and changes nothing on disk. A strategy whose format keeps parts of a checkpoint
+// beside the file (checkpoint/format.hpp) has them read, joined and removed here too.
 //
 // Reading checks the zip (every record inside the file, CRC-32 of each), the pickle (a dry run of the
 // reader: opcodes, lengths, memo, nesting at most 1000 deep, no container holding itself) and every
@@ -52,18 +52,16 @@ void remove(const std::string& path);
 /// needs {.python_objects = PythonObjects::as_dicts}; its weights: module_weights in state.hpp).
 StateDict load(const std::string& path, const LoadOptions& options = {});
 
-/// A sharded checkpoint (ShardedStrategy's manifest and its .shards folder) as one self-contained
-/// file at `out`, written atomically: stage 3's weights joined whole (so Python's torch.load reads
-/// them as tensors), every rank's optimizer shards inlined. Any run loads it as it loads the
-/// manifest (resharded or consolidated for its world size); `sharded` is left as it was.
-void consolidate(const std::string& sharded, const std::string& out);
+/// A checkpoint whose format keeps parts beside the file (a sharded strategy's manifest and its
+/// per-rank files) as one self-contained file at `out`, written atomically: each part read into it
+/// by its Format (checkpoint/format.hpp; a sharded module state is joined whole, so Python's
+/// torch.load reads its weights as tensors). Any run loads it as it loads the original; `path` is
+/// left as it was.
+void consolidate(const std::string& path, const std::string& out);
 
 /// The bytes of a StateDict as torch::pickle_save writes them, and back.
 std::vector<char> to_bytes(const StateDict& state);
 StateDict from_bytes(const std::vector<char>& bytes, const std::string& what = "bytes", const LoadOptions& options = {});
-
-/// Writes bytes to path atomically (see above).
-void atomic_write(const std::string& path, const std::vector<char>& bytes);
 
 /// Parameters and buffers under Python's names ("layer.weight"), in Python's order.
 StateDict module_state_dict(const torch::nn::Module& module);

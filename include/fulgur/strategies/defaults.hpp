@@ -34,7 +34,7 @@
 #include "fulgur/compatibility.hpp"
 #include "fulgur/concepts/vocabulary.hpp"
 #include "fulgur/data/apply.hpp"
-#include "fulgur/distributed/meta_init.hpp"
+#include "fulgur/detail/meta_tensors.hpp"
 #include "fulgur/device_guards.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/parallel_devices.hpp"
@@ -80,14 +80,15 @@ class strategy_defaults {
     for (auto* optimizer : optimizers) derived().setup_optimizer(*optimizer);
   }
   void module_to_device(torch::nn::Module& module) {
-    distributed::refuse_meta_tensors(
-        module, std::string(Derived::name) + " cannot give it one: only ShardedStrategy<3> (\"fsdp\") materialises a "
-                "model built in init_module(/*empty_init=*/true); build it with init_module() instead.");
+    detail::refuse_meta_tensors(
+        module, std::string(Derived::name) + " cannot give it memory: it does not materialise a model built in "
+                "init_module(/*empty_init=*/true) (docs/sharding.md names the strategy that does); build it "
+                "with init_module() instead.");
     module.to(derived().root_device());
   }
   /// Modules created in this context get their parameters on the root device, in the precision's
-  /// dtype. empty_init is accepted for Lightning's signature; initialisation always runs (only
-  /// ShardedStrategy<3> builds on the meta device).
+  /// dtype. empty_init is accepted for Lightning's signature; initialisation always runs (a
+  /// strategy that materialises modules at set-up builds them on the meta device instead).
   template <class Precision>
   auto module_init_context(Precision& precision, bool /*empty_init*/) {
     const c10::Device device = derived().root_device();

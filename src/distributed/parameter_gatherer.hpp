@@ -17,7 +17,7 @@
 #include <memory>
 #include <vector>
 
-#include "fulgur/distributed/optimizer_shard.hpp"
+#include "src/distributed/optimizer_shard.hpp"
 
 namespace fulgur::distributed {
 

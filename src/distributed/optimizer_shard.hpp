@@ -32,7 +32,7 @@
 #include <utility>
 #include <vector>
 
-#include "fulgur/distributed/process_group.hpp"
+#include "src/distributed/process_group.hpp"
 
 namespace fulgur::distributed {
 

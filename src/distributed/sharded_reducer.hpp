@@ -22,8 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "fulgur/distributed/optimizer_shard.hpp"
-#include "fulgur/distributed/process_group.hpp"
+#include "src/distributed/optimizer_shard.hpp"
+#include "src/distributed/process_group.hpp"
 
 namespace fulgur::distributed {
 
@@ -46,7 +46,8 @@ class ShardedGradientReducer {
   void abandon_backward() noexcept;
   /// That optimizer stepped: the next synchronised backward overwrites its shards' gradients.
   void gradients_consumed(const OptimizerShard& shard);
-  void set_sync(bool enabled) { sync_ = enabled; }
+  /// Off: backward accumulates locally (NoSyncGuard turns it off for a micro-batch).
+  bool* sync_flag() { return &sync_; }
   bool sync() const { return sync_; }
 
   std::size_t bucket_count() const;

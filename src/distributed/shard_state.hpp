@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "fulgur/distributed/optimizer_shard.hpp"
+#include "src/distributed/optimizer_shard.hpp"
 #include "fulgur/state_dict.hpp"
 
 namespace fulgur::distributed {

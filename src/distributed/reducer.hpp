@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "fulgur/distributed/process_group.hpp"
+#include "src/distributed/process_group.hpp"
 
 namespace fulgur::distributed {
 
@@ -44,7 +44,8 @@ class GradientReducer {
   /// buffer later) and refuses further backwards on this rank, whose collectives are now out of step.
   void abandon_backward() noexcept;
   /// Off: backward accumulates locally without communication (gradient accumulation micro-batches).
-  void set_sync(bool enabled) { sync_ = enabled; }
+  /// Off: backward accumulates locally (NoSyncGuard turns it off for a micro-batch).
+  bool* sync_flag() { return &sync_; }
   bool sync() const { return sync_; }
 
   std::size_t bucket_count() const;

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "fulgur/checkpoint/stateful.hpp"
-#include "fulgur/distributed/sharded_module_state.hpp"
+#include "fulgur/checkpoint/format.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur::checkpoint {
@@ -179,7 +179,8 @@ StateDict module_weights(const StateDict& checkpoint, const std::string& prefix)
       throw CheckpointError("fulgur: the checkpoint's 'state_dict' entry is a " + std::string(state.tagKind()) +
                             ", not a dictionary of tensors; pass a checkpoint whose 'state_dict' holds the weights.");
     weights = StateDict(state.toGenericDict());
-    if (distributed::is_sharded_module_state(weights)) weights = distributed::consolidate_module_state(weights);
+    if (const Format* format = format_of(weights))  // a format's module state (stage 3's chunks): joined whole
+      if (const auto whole = format->whole_module_state(weights)) weights = *whole;
   }
   for (const auto& item : weights)
     if (!item.key().isString())

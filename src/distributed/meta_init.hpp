@@ -20,6 +20,8 @@
 // redraws every matrix of its subtree (xavier_uniform_) once the subtree is built, a unit at a time.
 #include <c10/core/Device.h>
 
+#include "fulgur/strategies/sharded/options.hpp"
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -36,36 +38,12 @@ namespace fulgur::distributed {
 class OptimizerShard;
 class ProcessGroup;
 
-/// Initialises one module's own parameters and buffers in place (not its children's); called for
-/// each module that has any, in registration order. Return false for a module it does not know:
-/// the set-up then stops with an error that names it.
-using ParameterInit = std::function<bool(torch::nn::Module&)>;
 
-/// How LibTorch's built-in modules with parameters initialise them at construction: reset_parameters()
-/// (Linear, Bilinear, Conv and ConvTranspose 1d–3d, Embedding, EmbeddingBag, LayerNorm, GroupNorm,
-/// BatchNorm and InstanceNorm 1d–3d, RNN, LSTM, GRU and their cells), PReLU's constant, and
-/// MultiheadAttention's out_proj then its own projections; false for any other type. The layers of
-/// TransformerEncoder/Decoder and Transformer's final redraw are materialize_meta's (see there).
-bool reset_builtin_parameters(torch::nn::Module& module);
 
-/// Modules whose initialisation covers their children (MultiheadAttention: its out_proj): ParameterInit
-/// is called for the module with every tensor of its subtree given memory, and not for the children.
-bool initialises_children(const torch::nn::Module& module);
-
-/// The qualified name of the module's first parameter or buffer on the meta device, or empty.
-std::string first_meta_tensor(const torch::nn::Module& module);
-
-/// Throws MisconfigurationError naming the module's first meta tensor, followed by `advice`, if it has any.
-void refuse_meta_tensors(const torch::nn::Module& module, const std::string& advice);
 
 /// The parameters and buffers of a module that are on the meta device (their TensorImpls).
 std::unordered_set<const void*> meta_tensors(const torch::nn::Module& module);
 
-struct MaterializeStats {
-  std::int64_t modules = 0;     ///< modules initialised
-  std::int64_t peak_bytes = 0;  ///< most bytes whole at once: open buckets plus tensors kept whole
-  std::int64_t whole_bytes = 0; ///< bytes of the tensors kept whole (in no bucket)
-};
 
 /// Gives every tensor of `pending` (TensorImpls that were meta, see meta_tensors) memory on `device`
 /// and a value, as the header says; the tensors a bucket of `shards` holds must already alias it

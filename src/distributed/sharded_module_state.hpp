@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "fulgur/distributed/optimizer_shard.hpp"
+#include "src/distributed/optimizer_shard.hpp"
 #include "fulgur/state_dict.hpp"
 
 namespace fulgur::distributed {
