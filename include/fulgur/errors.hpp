@@ -67,4 +67,11 @@ struct CheckpointError : Error {
   using Error::Error;
 };
 
+/// A part of a checkpoint kept beside its file (checkpoint/format.hpp: a sharded checkpoint's
+/// per-rank files) is missing or is not the one the checkpoint wrote: the checkpoint cannot be
+/// read, as opposed to a state that does not fit what it is loaded into.
+struct CheckpointPartError : CheckpointError {
+  using CheckpointError::CheckpointError;
+};
+
 }  // namespace fulgur

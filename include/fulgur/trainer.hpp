@@ -211,6 +211,7 @@ class Trainer {
     torch::nn::Module& m = detail::referent(module);
     precision_.convert_module(m);
     strategy_.module_to_device(m);
+    (loops::require_parameters(detail::referent(optimizers), "Trainer::setup was given"), ...);
     torch::optim::Optimizer* list[] = {&detail::referent(optimizers)..., nullptr};
     strategy_.setup_module_and_optimizers(m, std::span<torch::optim::Optimizer* const>(list, sizeof...(Optimizers)));
     module_ = &m;
@@ -232,6 +233,7 @@ class Trainer {
   }
   template <class... Optimizers>
   void setup_optimizers(Optimizers&... optimizers) {
+    (loops::require_parameters(detail::referent(optimizers), "Trainer::setup_optimizers was given"), ...);
     (strategy_.setup_optimizer(detail::referent(optimizers)), ...);
   }
   /// What the strategy makes of a loader (DDP: this rank's shard of a shard-aware loader).
@@ -507,10 +509,16 @@ class Trainer {
                              "batch_idx); add one, or call fit without validation data.");
     if constexpr (owns_optimizers && trainable && validates) {
       // One path from the root: "last" and "hpc" found, a relative path under default_root_dir.
-      if (options.ckpt_path == "last") options.ckpt_path = last_checkpoint();
-      else options.ckpt_path = preemption_checkpoint(options.ckpt_path);
+      std::vector<std::string> warnings;  // reported with the fit's own (FitResult::warnings)
+      if (options.ckpt_path == "last") {
+        std::string none_found;
+        options.ckpt_path = last_checkpoint(none_found);
+        if (!none_found.empty()) warnings.push_back(std::move(none_found));
+      } else {
+        options.ckpt_path = preemption_checkpoint(options.ckpt_path);
+      }
       if (!options.ckpt_path.empty()) options.ckpt_path = detail::absolute_path(resolve(options.ckpt_path));
-      FitResult result = loops::fit(*this, module, train_data, val_data, std::move(options));
+      FitResult result = loops::fit(*this, module, train_data, val_data, std::move(options), std::move(warnings));
       if (result.preempted && config_.preemption.exit_process) end_preempted_process();
       return result;
     } else {
@@ -582,33 +590,18 @@ class Trainer {
                                "(FP16MixedPrecision) or '32-true' instead.");
     }
   }
-  /// ckpt_path = "last": the newest last*.ckpt in the checkpoint callbacks' folders and
-  /// default_root_dir/checkpoints; "" (a fresh start, with a warning) when there is none.
-  std::string last_checkpoint() {
+  /// ckpt_path = "last": the newest last*.ckpt in default_root_dir/checkpoints and the folders the
+  /// callbacks and loggers keep checkpoints in (their checkpoint_folders: a ModelCheckpoint's dirpath,
+  /// a logger's version folders); "" (a fresh start, with `warning` set) when there is none.
+  std::string last_checkpoint(std::string& warning) {
     std::vector<std::string> folders{detail::absolute_path(resolve("checkpoints"))};
-    std::apply([&](auto&... item) {
-      ([&] {
-        // A ModelCheckpoint's folder: the one it used (known after a fit in this process), its
-        // dirpath option (relative to the current directory), or by default in a logger's version
-        // folders (logger/name/version_*/checkpoints), where it writes when there is a logger.
-        if constexpr (requires { item.dirpath(); item.options().dirpath; }) {
-          if (!item.dirpath().empty()) folders.push_back(item.dirpath());
-          else if (!item.options().dirpath.empty()) folders.push_back(detail::absolute_path(item.options().dirpath));
-        }
-        if constexpr (requires { item.options().save_dir; item.name(); }) {
-          const std::string& save_dir = item.options().save_dir;  // as the logger takes it
-          std::string logs = save_dir.empty() ? config_.default_root_dir : save_dir;
-          if (!item.name().empty()) logs.append("/").append(item.name());
-          for (const std::string& version : detail::subdirectories(logs))
-            folders.push_back(detail::absolute_path(logs + "/" + version + "/checkpoints"));
-        }
-      }(), ...);
-    }, loop_services_.callbacks().items());
+    for (std::string& folder : loop_services_.callbacks().checkpoint_folders(config_.default_root_dir))
+      folders.push_back(std::move(folder));
     std::string newest = detail::newest_file(folders, "last", ".ckpt");
-    if (newest.empty() && is_global_zero())
-      std::cerr << "fulgur: ckpt_path = \"last\" is set, but there is no last checkpoint available (looked for "
-                   "last*.ckpt in " << folders.front() << " and the checkpoint callbacks' folders). No checkpoint "
-                   "will be loaded." << std::endl;
+    if (newest.empty())
+      warning = "fulgur: ckpt_path = \"last\" is set, but there is no last checkpoint available (looked for "
+                "last*.ckpt in " + folders.front() + " and the checkpoint callbacks' folders). No checkpoint will be "
+                "loaded.";
     return newest;
   }
   /// ckpt_path = "hpc": the newest hpc_ckpt_{n}.ckpt that a preemption wrote in default_root_dir

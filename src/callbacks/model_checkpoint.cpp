@@ -57,6 +57,12 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
     options_.every_n_epochs = options_.every_n_train_steps == 0 && !options_.train_time_interval ? 1 : 0;
 }
 
+std::vector<std::string> ModelCheckpoint::checkpoint_folders(const std::string& /*default_root_dir*/) const {
+  if (!dirpath_.empty()) return {dirpath_};
+  if (!options_.dirpath.empty()) return {detail::absolute_path(options_.dirpath)};
+  return {};
+}
+
 std::string ModelCheckpoint::state_key() const {
   char interval[64] = "None";
   if (options_.train_time_interval) std::snprintf(interval, sizeof interval, "%g", options_.train_time_interval->count());

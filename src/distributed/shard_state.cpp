@@ -106,7 +106,7 @@ ShardLayout sharded_layout(const StateDict& state) {
 
 c10::IValue rank_file_entry(const std::string& file, std::int64_t rank, std::size_t slot, const std::string& what) {
   if (!fulgur::detail::path_exists(file))
-    throw CheckpointError("fulgur: rank " + std::to_string(rank) + "'s " + what + " shard file '" + file +
+    throw CheckpointPartError("fulgur: rank " + std::to_string(rank) + "'s " + what + " shard file '" + file +
                           "' is missing: a sharded checkpoint is its file and the '.shards' folder beside it; "
                           "copy or move them together.");
   const StateDict part = checkpoint::load(file);
@@ -114,11 +114,11 @@ c10::IValue rank_file_entry(const std::string& file, std::int64_t rank, std::siz
                      (part.at("format").toStringRef() == rank_file_format ||
                       part.at("format").toStringRef() == "fulgur-optimizer-shards");  // written before module shards
   if (!known || !part.contains("rank") || part.at("rank").toInt() != rank || !part.contains("shards"))
-    throw CheckpointError("fulgur: '" + file + "' is not rank " + std::to_string(rank) +
+    throw CheckpointPartError("fulgur: '" + file + "' is not rank " + std::to_string(rank) +
                           "'s shard file; keep a sharded checkpoint's .shards folder beside it, as written.");
   const auto shards = part.at("shards").toList();
   if (slot >= shards.size())
-    throw CheckpointError("fulgur: '" + file + "' holds " + std::to_string(shards.size()) + " shard(s), the manifest "
+    throw CheckpointPartError("fulgur: '" + file + "' holds " + std::to_string(shards.size()) + " shard(s), the manifest "
                           "names slot " + std::to_string(slot) + "; the file is not the one this checkpoint wrote.");
   return shards.get(slot);
 }

@@ -42,6 +42,15 @@ bool LogDirectory::resume(const std::string& version) {
   return true;
 }
 
+std::vector<std::string> LogDirectory::checkpoint_folders(const std::string& default_root_dir) const {
+  std::string logs = options_.save_dir.empty() ? default_root_dir : options_.save_dir;  // as resolve takes it
+  if (!options_.name.empty()) logs.append("/").append(options_.name);
+  std::vector<std::string> folders;
+  for (const std::string& version : fulgur::detail::subdirectories(logs))
+    folders.push_back(fulgur::detail::absolute_path(logs + "/" + version + "/checkpoints"));
+  return folders;
+}
+
 std::string LogDirectory::version_name() const { return version_; }
 
 std::string number_text(double value) {

@@ -1,7 +1,10 @@
 // What the loops share, compiled once (include/fulgur/loops/common.hpp, optimization.hpp).
 #include "fulgur/loops/common.hpp"
 
+#include <c10/util/Type.h>
+
 #include <csignal>
+#include <typeinfo>
 #include <cstdio>
 
 #include "fulgur/loops/optimization.hpp"
@@ -37,6 +40,15 @@ bool stop_if_signalled(int world_size, c10::function_ref<bool(bool)> any_rank, c
   if (training_done) return true;
   const int signal = local_preemption != 0 ? local_preemption : SIGTERM;  // another rank's: say SIGTERM
   throw Preempted(signal, std::string("preempted by ") + (signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM") + " " + where());
+}
+
+void require_parameters(const torch::optim::Optimizer& optimizer, std::string_view where) {
+  for (const auto& group : optimizer.param_groups())
+    if (!group.params().empty()) return;
+  throw MisconfigurationError("fulgur: " + std::string(where) + " a " + c10::demangle(typeid(optimizer).name()) +
+                              " over no parameters, which would train nothing (PyTorch: \"optimizer got an empty "
+                              "parameter list\"); build it from the module's parameters(), e.g. "
+                              "std::make_unique<torch::optim::Adam>(parameters(), 1e-3).");
 }
 
 std::string parameters_text(torch::nn::Module& module) {

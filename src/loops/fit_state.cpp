@@ -16,6 +16,15 @@
 #include "fulgur/preemption.hpp"
 
 namespace fulgur::loops {
+namespace {
+
+/// An error's text without its "fulgur: ", for a message that wraps it.
+std::string without_prefix(std::string text) {
+  if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
+  return text;
+}
+
+}  // namespace
 
 FitState::~FitState() = default;
 
@@ -51,6 +60,7 @@ void FitState::check_optimizers(bool automatic) const {
                                 "std::make_unique<torch::optim::Adam>(parameters(), 1e-3).");
   for (const auto& config : optimizers_) {
     if (!config.optimizer) throw MisconfigurationError("fulgur: configure_optimizers() returned an empty OptimizerConfig.");
+    require_parameters(*config.optimizer, "configure_optimizers() returned");
     if (config.frequency < 1) throw MisconfigurationError("fulgur: OptimizerConfig::frequency must be >= 1.");
     if (config.lr_scheduler.reduce_on_plateau() && config.monitor.empty())
       throw MisconfigurationError(
@@ -112,9 +122,14 @@ bool FitState::done() {
     progress_.stop_reason = "max_epochs=" + std::to_string(limit) + " reached";
     return true;
   }
-  if (!ctx_.should_stop || !can_stop_early(progress_, config_)) return false;
+  if (!stop_wanted(progress_, ctx_, world_size_) || !can_stop_early(progress_, config_)) return false;
   if (progress_.stop_reason.empty()) progress_.stop_reason = "should_stop was set";
   return true;
+}
+
+void FitState::agree_on_stop() {
+  if (world_size_ > 1)
+    ctx_.should_stop = progress_.stop_agreed = host_link_.reduce_boolean_decision(ctx_.should_stop, /*all=*/false);
 }
 
 void FitState::close_epoch(EpochSummary& summary, bool completed, Schedulers& schedulers) {
@@ -346,11 +361,22 @@ void FitState::restore_module(const StateDict& c) {
   const StateDict weights = checkpoint::require_dict(c, "state_dict", what);
   try {
     host_link_.load_module_state(module_, weights, /*strict=*/true);
+  } catch (const CheckpointPartError& e) {  // a part of the checkpoint is missing: its message says which
+    throw CheckpointError("fulgur: " + what + "'s weights cannot be read: " + without_prefix(e.what()));
   } catch (const Error& e) {  // resuming is strict: weights alone go through checkpoint::module_weights
-    std::string text = e.what();
-    if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
+    std::string text = without_prefix(e.what());
+    // The loader's own advice (strict = false) is for loading weights, which fit's resume is not.
+    const std::string loader_advice = "\nTo load only the keys that match, pass strict = false.";
+    const bool partial = text.find(loader_advice) != std::string::npos;
+    if (partial) text.erase(text.find(loader_advice), loader_advice.size());
     throw CheckpointError("fulgur: " + what + " does not fit the module " + module_.name() + " (resuming a fit "
-                          "needs every weight): " + text);
+                          "needs every weight): " + text +
+                          (partial ? "\nfit resumes a run exactly, so every weight must fit. To train the weights that "
+                                     "match in this network, load them into the module first (fulgur::checkpoint::"
+                                     "load_module_state_dict(module, fulgur::checkpoint::module_weights("
+                                     "fulgur::checkpoint::load(path)), /*strict=*/false)) and call fit without "
+                                     "ckpt_path."
+                                   : ""));
   }
 }
 
@@ -363,16 +389,15 @@ void FitState::restore_optimizers(const StateDict& c) {
                           " optimizer states, configure_optimizers returned " + std::to_string(optimizers_.size()) +
                           "; resume with the module's own configure_optimizers.");
   for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+    const std::string which = "fulgur: " + what + "'s optimizer state " + std::to_string(i);
     try {
       host_link_.load_optimizer_state(*optimizers_[i].optimizer, StateDict(optimizer_states.get(i).toGenericDict()));
+    } catch (const CheckpointPartError& e) {  // a part of the checkpoint is missing: its message says which, and what to do
+      throw CheckpointError(which + " cannot be read: " + detail::first_line(without_prefix(e.what())));
     } catch (const std::exception& e) {
-      std::string text = e.what();
-      if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
-      // A sharded state's file may be missing (not a mismatch); the reason may say already what to do.
-      const bool unreadable = text.find("shard file") != std::string::npos;
-      const bool says_how = unreadable || text.find("resume") != std::string::npos || text.find("Resume") != std::string::npos;
-      throw CheckpointError("fulgur: " + what + "'s optimizer state " + std::to_string(i) +
-                            (unreadable ? " cannot be read: " : " does not fit the optimizer configure_optimizers returned: ") +
+      const std::string text = without_prefix(e.what());
+      const bool says_how = text.find("resume") != std::string::npos || text.find("Resume") != std::string::npos;
+      throw CheckpointError(which + " does not fit the optimizer configure_optimizers returned: " +
                             detail::first_line(text) + (says_how ? "" : " Resume with the same optimizer type and parameters."));
     }
     if (i < schedulers.size())

@@ -35,6 +35,33 @@ struct Accelerator : fulgur::accelerator_defaults<Accelerator> {
 };
 using Strategy = fulgur::SingleDeviceStrategy;
 using Precision = fulgur::FloatPrecision;
+#elif defined(FULGUR_RULE_OPTIONAL_STRATEGY)
+// A strategy that means to unscale gradients of its own (as sharded stage 2 does) but forgot the
+// precision: without the declared optional members, fulgur would never call it, and say nothing.
+struct Strategy : fulgur::strategy_defaults<Strategy> {
+  static constexpr std::string_view name = "mine";
+#ifdef FULGUR_COMPILE_FAIL
+  void unscale_gradients(torch::optim::Optimizer&) {}
+#else
+  template <class Precision>
+  void unscale_gradients(torch::optim::Optimizer& optimizer, Precision& precision) {
+    precision.unscale_gradients(optimizer);
+  }
+#endif
+};
+using Accelerator = fulgur::CPUAccelerator;
+using Precision = fulgur::FloatPrecision;
+#elif defined(FULGUR_RULE_OPTIONAL_PRECISION)
+// A precision whose "uses_scaler" is a run-time flag: the loops decide at compile time.
+struct Precision : fulgur::FloatPrecision {
+#ifdef FULGUR_COMPILE_FAIL
+  static inline bool uses_scaler = false;
+#else
+  static constexpr bool uses_scaler = false;
+#endif
+};
+using Accelerator = fulgur::CPUAccelerator;
+using Strategy = fulgur::SingleDeviceStrategy;
 #else
 #error "define one FULGUR_RULE_*"
 #endif

@@ -183,6 +183,79 @@ struct NeedsPrecisionExtras : Strategy {
 };
 }  // namespace strategies
 
+namespace optional_members {
+// Each has a member named after an optional one, declared so that fulgur cannot call it as it does:
+// without the declared table, `requires` would find no such member and fall back in silence.
+struct UnscaleWithoutPrecision : Strategy {
+  void unscale_gradients(Optimizer&) {}
+};
+struct ModuleStateOfNonConst : Strategy {
+  StateDict get_module_state_dict(Module&) { return {}; }
+};
+struct OptimizerStateFromPath : Strategy {
+  void load_optimizer_state_dict(Optimizer&, const std::string&) {}
+};
+struct TrainEndWithArgument : Strategy {
+  void on_train_end(int) {}
+};
+struct RemoveCheckpointOfNothing : Strategy {
+  void remove_checkpoint() {}
+};
+struct SupportsAcceleratorNotStatic : Strategy {
+  bool supports_accelerator(std::string_view) const { return true; }
+};
+// Declared right: still the contract (absent members are as right as correct ones).
+struct AllOptionalMembers : Strategy {
+  template <class P> void unscale_gradients(Optimizer&, P&) {}
+  StateDict get_module_state_dict(const Module&) { return {}; }
+  void load_optimizer_state_dict(Optimizer&, const StateDict&) {}
+  void on_train_end() {}
+  void remove_checkpoint(const std::string&) {}
+};
+struct ScalerFlagNotConstant : Precision {
+  static inline bool uses_scaler = true;  // a run-time flag: the loops decide at compile time
+};
+struct UnscalesInOptimizerReturnsVoid : Precision {
+  void unscales_in_optimizer(Optimizer&) {}
+};
+struct ConvertsTargetsAsFunction : Precision {
+  bool converts_targets() { return true; }
+};
+struct AllOptionalPrecisionMembers : Precision {
+  static constexpr bool uses_scaler = true;
+  static constexpr bool converts_targets = false;
+  bool unscales_in_optimizer(Optimizer&) { return false; }
+};
+}  // namespace optional_members
+
+TEST_CASE("optional members: absent or right is the contract; a wrong signature is not, and is named",
+          "[concepts][optional]") {
+  using namespace optional_members;
+  using fulgur::detail::strategy_requirement;
+  using fulgur::detail::precision_requirement;
+  STATIC_REQUIRE(fulgur::strategy_for<AllOptionalMembers, V>);
+  STATIC_REQUIRE_FALSE(fulgur::strategy_for<UnscaleWithoutPrecision, V>);
+  STATIC_REQUIRE(fulgur::detail::first_missing_strategy_requirement<UnscaleWithoutPrecision, V>() ==
+                 strategy_requirement::strategy_optional_unscale_gradients);
+  STATIC_REQUIRE(fulgur::detail::first_missing_strategy_requirement<ModuleStateOfNonConst, V>() ==
+                 strategy_requirement::strategy_optional_get_module_state_dict);
+  STATIC_REQUIRE(fulgur::detail::first_missing_strategy_requirement<OptimizerStateFromPath, V>() ==
+                 strategy_requirement::strategy_optional_load_optimizer_state_dict);
+  STATIC_REQUIRE(fulgur::detail::first_missing_strategy_requirement<TrainEndWithArgument, V>() ==
+                 strategy_requirement::strategy_optional_on_train_end);
+  STATIC_REQUIRE(fulgur::detail::first_missing_strategy_requirement<RemoveCheckpointOfNothing, V>() ==
+                 strategy_requirement::strategy_optional_remove_checkpoint);
+  STATIC_REQUIRE(fulgur::detail::first_missing_strategy_requirement<SupportsAcceleratorNotStatic, V>() ==
+                 strategy_requirement::strategy_optional_supports_accelerator);
+  STATIC_REQUIRE(fulgur::precision_for<AllOptionalPrecisionMembers, V>);
+  STATIC_REQUIRE(fulgur::detail::first_missing_precision_requirement<ScalerFlagNotConstant, V>() ==
+                 precision_requirement::precision_optional_uses_scaler);
+  STATIC_REQUIRE(fulgur::detail::first_missing_precision_requirement<UnscalesInOptimizerReturnsVoid, V>() ==
+                 precision_requirement::precision_optional_unscales_in_optimizer);
+  STATIC_REQUIRE(fulgur::detail::first_missing_precision_requirement<ConvertsTargetsAsFunction, V>() ==
+                 precision_requirement::precision_optional_converts_targets);
+}
+
 TEST_CASE("strategy: the stub satisfies the contract, each near miss does not", "[concepts][strategy]") {
   STATIC_REQUIRE(fulgur::strategy_for<Strategy, V>);
   STATIC_REQUIRE(fulgur::strategy_for<ShardingStrategy, V>);

@@ -413,6 +413,39 @@ void callbacks() {
   if (my_rank == 0) fulgur::detail::remove_tree(root);
 }
 
+// ctx.should_stop on one rank only (the new-user probe: that rank died in Gloo, the other got the
+// lost-peer error): every rank stops, together, at the next point where they agree — a log step within
+// an epoch, the epoch's end otherwise — with the reason, and no error.
+struct StopsOnRank1Impl : NetImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+    if (ctx.global_rank == 1 && ctx.current_epoch == stop_epoch && i == 2) ctx.should_stop = true;
+    return NetImpl::training_step(b, i);
+  }
+  std::int64_t stop_epoch = 0;
+};
+TORCH_MODULE(StopsOnRank1);
+
+void stop_on_one_rank() {
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 4, .log_every_n_steps = 3}), options());
+  my_rank = trainer.global_rank();
+  auto [x, y] = dataset(256);  // 8 batches of 16 per rank
+  data::TensorLoader train(x, y, {.batch_size = 16});
+  StopsOnRank1 within;
+  const auto first = trainer.fit(within, train);
+  check(first.global_step == 3, "both ranks stop at the log step after rank 1's request (step 3), got global_step " +
+                                    std::to_string(first.global_step));
+  check(first.stop_reason == "should_stop was set", "the reason is the request: " + first.stop_reason);
+  // Log steps that never come within the epoch: the epoch's end settles it.
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> sparse(config({.max_epochs = 4, .log_every_n_steps = 50}), options());
+  StopsOnRank1 at_end;
+  at_end->stop_epoch = 1;
+  const auto second = sparse.fit(at_end, train);
+  check(second.epochs.size() == 2 && second.global_step == 16,
+        "both ranks stop at the end of epoch 1, got " + std::to_string(second.epochs.size()) + " epochs, global_step " +
+            std::to_string(second.global_step));
+  trainer.barrier("done");
+}
+
 // Started without torchrun: the Trainer launches the 2 ranks itself (and this process supervises).
 void launched() {
   const char* fail = std::getenv("FULGUR_TEST_FAIL_RANK");
@@ -519,6 +552,7 @@ int main(int argc, char** argv) {
                        else if (scenario == "amp") amp_agreement();
                        else if (scenario == "nonfinite") nonfinite();
                        else if (scenario == "callbacks") callbacks();
+                       else if (scenario == "stop_on_one_rank") stop_on_one_rank();
                        else if (scenario == "two_nodes") two_nodes();
                        else if (scenario == "preempt" && argc > 3) preempt(argv[2], argv[3]);
                        else return false;

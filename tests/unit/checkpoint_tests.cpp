@@ -522,6 +522,10 @@ TEST_CASE("resuming refuses what cannot continue, naming it", "[checkpoint][erro
   CHECK_THAT(mismatch, Catch::Contains(folder + "/other.ckpt"));  // the file is named (probe finding)
   CHECK_THAT(mismatch, Catch::Contains("extra.bias"));
   CHECK_THAT(mismatch, Catch::Contains("size mismatch for fc1.weight"));
+  // The new-user probe: it advised "pass strict = false", which fit has no way to take; it says what fit can do.
+  CHECK_THAT(mismatch, !Catch::Contains("pass strict = false"));
+  CHECK_THAT(mismatch, Catch::Contains("load_module_state_dict(module, fulgur::checkpoint::module_weights(") &&
+                           Catch::Contains("and call fit without ckpt_path"));
   // Not fulgur's, not a checkpoint, absent, a folder.
   checkpoint::save(folder + "/plain.ckpt", weights);
   CHECK_THAT(resume(folder + "/plain.ckpt"), Catch::Contains("is not a fulgur training checkpoint"));
@@ -672,4 +676,12 @@ TEST_CASE("fit(..., {.ckpt_path = \"last\"}) resumes from ModelCheckpoint's last
   CHECK(result.global_step == 12);
   CHECK(result.epochs.size() == 1);  // only the third epoch ran
   for (std::size_t i = 0; i < 4; ++i) CHECK(torch::equal(test::snapshot(*straight)[i], test::snapshot(*resumed)[i]));
+  CHECK(result.warnings.empty());
+  // No last checkpoint anywhere: a fresh start, and the warning reaches FitResult::warnings (new-user probe).
+  test::Classifier fresh;
+  const FitResult afresh = make(1, folder + "/empty")->fit(fresh, data::TensorLoader(x, y, {.batch_size = 8}),
+                                                        FitOptions{.ckpt_path = "last"});
+  CHECK(afresh.global_step == 4);
+  REQUIRE(afresh.warnings.size() == 1);
+  CHECK_THAT(afresh.warnings[0], Catch::Contains("there is no last checkpoint available"));
 }

@@ -67,10 +67,11 @@ TEST_CASE("limits: counts and fractions of the batches, as Lightning computes th
              }),
              Catch::Contains("0.1 * 8 < 1. Please increase the `limit_train_batches` argument. Try at least "
                              "`limit_train_batches=0.125"));
-  // limit_train_batches = 0: no training at all (Lightning's skip), and no error
+  // limit_train_batches = 0: no training at all (Lightning's skip), and no error; the reason says why (probe)
   const auto none = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 3, .limit_train_batches = 0})).fit(model, train);
   CHECK(none.global_step == 0);
   CHECK(none.epochs.empty());
+  CHECK(none.stop_reason == "no training batches (limit_train_batches=0)");
 }
 
 TEST_CASE("validation placement: fractions, counts, across epochs, every n epochs, and the sanity check",
@@ -694,4 +695,28 @@ TEST_CASE("min_steps holds a stop request back; save and load resolve relative p
   ::unlink((root + "/run/last.ckpt").c_str());
   ::rmdir((root + "/run").c_str());
   ::rmdir(root.c_str());
+}
+
+namespace {
+/// An optimizer over no parameters (the new-user probe: fit trained nothing and returned success).
+struct NoParametersImpl : test::ClassifierImpl {
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{}, 1e-3);
+  }
+};
+TORCH_MODULE(NoParameters);
+}  // namespace
+
+TEST_CASE("probe: an optimizer over no parameters is refused, naming it, in fit and in setup", "[loops][regression]") {
+  NoParameters model;
+  const std::string in_fit = test::message_of<MisconfigurationError>(
+      [&] { CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1})).fit(model, loader(16)); });
+  CHECK_THAT(in_fit, Catch::Contains("configure_optimizers() returned a torch::optim::Adam over no parameters") &&
+                         Catch::Contains("optimizer got an empty parameter list"));
+  torch::optim::SGD empty(std::vector<at::Tensor>{}, 0.1);
+  CpuTrainer<FloatPrecision> fabric(test::quiet());
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { fabric.setup(model, empty); }),
+             Catch::Contains("Trainer::setup was given a torch::optim::SGD over no parameters"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { fabric.setup_optimizers(empty); }),
+             Catch::Contains("Trainer::setup_optimizers was given a torch::optim::SGD over no parameters"));
 }

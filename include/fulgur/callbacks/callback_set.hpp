@@ -117,6 +117,18 @@ class CallbackSet {
       if constexpr (requires { logger.finalize(status); }) logger.finalize(status);
     });
   }
+  /// Every folder a callback or logger says it keeps checkpoints in (their checkpoint_folders), for
+  /// fit's ckpt_path = "last".
+  std::vector<std::string> checkpoint_folders(const std::string& default_root_dir) const {
+    std::vector<std::string> folders;
+    std::apply([&](const auto&... item) {
+      ([&] {
+        if constexpr (requires { item.checkpoint_folders(default_root_dir); })
+          for (std::string& folder : item.checkpoint_folders(default_root_dir)) folders.push_back(std::move(folder));
+      }(), ...);
+    }, items_);
+    return folders;
+  }
   std::string first_log_dir() {
     std::string dir;
     for_each_logger([&](auto& logger) {

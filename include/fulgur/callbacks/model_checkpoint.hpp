@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fulgur/callbacks/early_stopping.hpp"  // MonitorMode
 #include "fulgur/callbacks/trainer_view.hpp"
@@ -55,6 +56,10 @@ class ModelCheckpoint {
 
   const ModelCheckpointOptions& options() const { return options_; }
   const std::string& dirpath() const { return dirpath_; }
+  /// Where this callback keeps its checkpoints, for fit's ckpt_path = "last": the folder it used (known
+  /// after a fit in this process), else its dirpath option (relative to the current directory). Its
+  /// default folder under a logger is the logger's to name; default_root_dir/checkpoints the Trainer's.
+  std::vector<std::string> checkpoint_folders(const std::string& default_root_dir) const;
   const std::string& best_model_path() const { return best_model_path_; }
   std::optional<double> best_model_score() const { return best_model_score_; }
   const std::string& last_model_path() const { return last_model_path_; }

@@ -10,6 +10,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "fulgur/concepts/requirements.hpp"
+
 // Every hook fulgur calls on callbacks, in no particular order (docs/callbacks.md gives each
 // signature and when it runs).
 #define FULGUR_CALLBACK_HOOK_NAMES(X)                                                                     \
@@ -26,25 +28,9 @@
 namespace fulgur {
 namespace detail {
 
-// Whether T has a member of a given name, of any kind (function, overload set, template, data):
-// a class derived from T and from a probe with an `int name` makes `&Derived::name` ambiguous
-// exactly when T has one too. A final class cannot be probed: it is taken at its word.
-#define FULGUR_DETAIL_MEMBER_PROBE(name)                                                  \
-  struct probe_##name {                                                                   \
-    int name;                                                                             \
-  };                                                                                      \
-  template <class T>                                                                      \
-  struct probed_##name : T, probe_##name {};                                              \
-  template <class T>                                                                      \
-  constexpr bool has_member_##name() {                                                    \
-    if constexpr (!std::is_class_v<T> || std::is_final_v<T>)                              \
-      return false;                                                                       \
-    else                                                                                  \
-      return !requires { &probed_##name<T>::name; };                                      \
-  }
+// A callback is found by the names of its members (concepts/requirements.hpp: FULGUR_DETAIL_MEMBER_PROBE).
 FULGUR_CALLBACK_HOOK_NAMES(FULGUR_DETAIL_MEMBER_PROBE)
 FULGUR_DETAIL_MEMBER_PROBE(log_metrics)
-#undef FULGUR_DETAIL_MEMBER_PROBE
 
 template <class T>
 constexpr bool names_a_callback_hook() {

@@ -8,6 +8,7 @@
 // tensor and a batch (fulgur::data::Batch), the contexts are RAII guards kept for a scope.
 #include <concepts>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "fulgur/concepts/requirements.hpp"
@@ -80,19 +81,63 @@ concept precision_has_teardown = requires(P& p) { p.teardown(); };
   R(precision_has_teardown, "void teardown()")
 // clang-format on
 
+// ---- optional members: absent, or what fulgur reads them as ---------------------------------------
+namespace detail::precision_members {
+FULGUR_DETAIL_MEMBER_PROBE(uses_scaler)
+FULGUR_DETAIL_MEMBER_PROBE(converts_targets)
+FULGUR_DETAIL_MEMBER_PROBE(unscales_in_optimizer)
+FULGUR_DETAIL_MEMBER_PROBE(supports_accelerator)
+}  // namespace detail::precision_members
+
+/// It scales the loss: gradients are scaled until unscaled, and a step may be skipped.
+template <class P, class V>
+concept precision_optional_uses_scaler = !detail::precision_members::has_member_uses_scaler<P>() || requires {
+  { P::uses_scaler } -> std::convertible_to<bool>;
+  typename std::bool_constant<static_cast<bool>(P::uses_scaler)>;  // a constant: the loops decide at compile time
+};
+/// Its models compute in its dtype, so a batch's targets are converted with its inputs ("-true").
+template <class P, class V>
+concept precision_optional_converts_targets = !detail::precision_members::has_member_converts_targets<P>() || requires {
+  typename std::bool_constant<static_cast<bool>(P::converts_targets)>;
+};
+/// The optimizer's own kernel divides the scaled gradients (a fused optimizer under a loss scaler).
+template <class P, class V>
+concept precision_optional_unscales_in_optimizer =
+    !detail::precision_members::has_member_unscales_in_optimizer<P>() || requires(P& p, typename V::optimizer& o) {
+      { p.unscales_in_optimizer(o) } -> std::same_as<bool>;
+    };
+/// Compatibility rule (compatibility.hpp): which accelerators it runs on.
+template <class P, class V>
+concept precision_optional_supports_accelerator =
+    !detail::precision_members::has_member_supports_accelerator<P>() || requires(std::string_view name) {
+      { P::supports_accelerator(name) } -> std::convertible_to<bool>;
+    };
+
+// clang-format off
+#define FULGUR_PRECISION_OPTIONAL_MEMBERS(R)                                                                  \
+  R(precision_optional_uses_scaler, "static constexpr bool uses_scaler")                                      \
+  R(precision_optional_converts_targets, "static constexpr bool converts_targets")                            \
+  R(precision_optional_unscales_in_optimizer, "bool unscales_in_optimizer(torch::optim::Optimizer&)")          \
+  R(precision_optional_supports_accelerator, "static constexpr bool supports_accelerator(std::string_view)")
+// clang-format on
+
 template <class T, class V>
-concept precision_for = true FULGUR_PRECISION_REQUIREMENTS(FULGUR_DETAIL_ALL_OF);
+concept precision_for =
+    true FULGUR_PRECISION_REQUIREMENTS(FULGUR_DETAIL_ALL_OF) FULGUR_PRECISION_OPTIONAL_MEMBERS(FULGUR_DETAIL_ALL_OF);
 
 /// A precision policy over LibTorch's types.
 template <class P>
 concept precision = precision_for<P, torch_vocabulary>;
 
 namespace detail {
-enum class precision_requirement { FULGUR_PRECISION_REQUIREMENTS(FULGUR_DETAIL_ENUMERATE) none };
+enum class precision_requirement {
+  FULGUR_PRECISION_REQUIREMENTS(FULGUR_DETAIL_ENUMERATE) FULGUR_PRECISION_OPTIONAL_MEMBERS(FULGUR_DETAIL_ENUMERATE) none
+};
 template <class T, class V>
 consteval precision_requirement first_missing_precision_requirement() {
   using Missing = precision_requirement;
-  FULGUR_PRECISION_REQUIREMENTS(FULGUR_DETAIL_FIRST_MISSING) return Missing::none;
+  FULGUR_PRECISION_REQUIREMENTS(FULGUR_DETAIL_FIRST_MISSING)
+  FULGUR_PRECISION_OPTIONAL_MEMBERS(FULGUR_DETAIL_FIRST_MISSING) return Missing::none;
 }
 }  // namespace detail
 
@@ -105,6 +150,11 @@ consteval bool assert_precision() {
 #define FULGUR_DETAIL_REMEDY \
   "`; write it, or derive from a shipped precision such as fulgur::FloatPrecision (docs/concepts/precision.md)."
   FULGUR_PRECISION_REQUIREMENTS(FULGUR_DETAIL_REQUIRE)
+#undef FULGUR_DETAIL_LACKS
+#undef FULGUR_DETAIL_REMEDY
+#define FULGUR_DETAIL_LACKS "fulgur: the precision (Trainer's third argument) has a member named after the optional `"
+#define FULGUR_DETAIL_REMEDY "`, but it cannot be read so; fix its declaration (or rename it: fulgur would never read it)."
+  FULGUR_PRECISION_OPTIONAL_MEMBERS(FULGUR_DETAIL_REQUIRE)
 #undef FULGUR_DETAIL_LACKS
 #undef FULGUR_DETAIL_REMEDY
   return true;  // the one error is the static_assert above; a `false` here would add a second

@@ -17,8 +17,15 @@
 //   - one static_assert per requirement whose message names the member (FULGUR_DETAIL_REQUIRE),
 //     of which only the first missing one fires: one error that says what to write, not a cascade.
 // Inside these expansions the policy type is `T` and the vocabulary `V`.
+//
+// A policy's optional members (those fulgur calls only when a type has them) are a second table of
+// the same shape, whose concepts read "absent, or present with this signature": a member named after
+// an optional one but not callable as fulgur calls it is then the one error that names it, where a
+// bare `requires` would fall back to the default without a word (a misspelt signature never called).
+// Names are found with FULGUR_DETAIL_MEMBER_PROBE, whatever kind of member has them.
 #include <concepts>
 #include <string_view>
+#include <type_traits>
 
 // `requirement` names a concept, which cannot be parenthesized before its template arguments.
 #define FULGUR_DETAIL_ALL_OF(requirement, signature) &&requirement<T, V>  // NOLINT(bugprone-macro-parentheses)
@@ -27,6 +34,24 @@
   if constexpr (!requirement<T, V>) return Missing::requirement; else  // NOLINT(bugprone-macro-parentheses)
 #define FULGUR_DETAIL_REQUIRE(requirement, signature) \
   static_assert(missing != Missing::requirement, FULGUR_DETAIL_LACKS signature FULGUR_DETAIL_REMEDY);
+
+// Whether T has a member of a given name, of any kind (function, overload set, template, data):
+// a class derived from T and from a probe with an `int name` makes `&Derived::name` ambiguous
+// exactly when T has one too. A final class cannot be probed: it is taken at its word. Expand it in
+// a namespace of its own per use, so that two headers may probe one name.
+#define FULGUR_DETAIL_MEMBER_PROBE(name)                                                  \
+  struct probe_##name {                                                                   \
+    int name;                                                                             \
+  };                                                                                      \
+  template <class T>                                                                      \
+  struct probed_##name : T, probe_##name {};                                              \
+  template <class T>                                                                      \
+  constexpr bool has_member_##name() {                                                    \
+    if constexpr (!std::is_class_v<T> || std::is_final_v<T>)                              \
+      return false;                                                                       \
+    else                                                                                  \
+      return !requires { &probed_##name<T>::name; };                                      \
+  }
 
 namespace fulgur::detail {
 

@@ -148,19 +148,87 @@ concept strategy_has_teardown = requires(S& s) { s.teardown(); };
   R(strategy_has_teardown, "void teardown()")
 // clang-format on
 
+// ---- optional members: absent, or callable as fulgur calls them --------------------------------------
+namespace detail::strategy_members {
+FULGUR_DETAIL_MEMBER_PROBE(unscale_gradients)
+FULGUR_DETAIL_MEMBER_PROBE(get_module_state_dict)
+FULGUR_DETAIL_MEMBER_PROBE(load_optimizer_state_dict)
+FULGUR_DETAIL_MEMBER_PROBE(on_train_end)
+FULGUR_DETAIL_MEMBER_PROBE(remove_checkpoint)
+FULGUR_DETAIL_MEMBER_PROBE(supports_accelerator)
+FULGUR_DETAIL_MEMBER_PROBE(supports_precision)
+}  // namespace detail::strategy_members
+
+/// A strategy whose optimizer holds other gradients than the module's (sharded stage 2) unscales them.
+template <class S, class V>
+concept strategy_optional_unscale_gradients =
+    !detail::strategy_members::has_member_unscale_gradients<S>() ||
+    requires(S& s, typename V::optimizer& optimizer, archetypes::precision<V>& precision) {
+      s.unscale_gradients(optimizer, precision);
+    };
+/// A strategy that keeps the weights in its own form (sharded stage 3) gives their state.
+template <class S, class V>
+concept strategy_optional_get_module_state_dict =
+    !detail::strategy_members::has_member_get_module_state_dict<S>() || requires(S& s, const typename V::module& module) {
+      { s.get_module_state_dict(module) } -> std::convertible_to<typename V::state_dict>;
+    };
+/// ... and takes an optimizer state in that form.
+template <class S, class V>
+concept strategy_optional_load_optimizer_state_dict =
+    !detail::strategy_members::has_member_load_optimizer_state_dict<S>() ||
+    requires(S& s, typename V::optimizer& optimizer, const typename V::state_dict& state) {
+      s.load_optimizer_state_dict(optimizer, state);
+    };
+/// Lightning's Strategy.on_train_end (sharded stage 3 gathers the module whole).
+template <class S, class V>
+concept strategy_optional_on_train_end =
+    !detail::strategy_members::has_member_on_train_end<S>() || requires(S& s) { s.on_train_end(); };
+/// Deletes a checkpoint in the strategy's format (default: the file, and what a Format keeps beside it).
+template <class S, class V>
+concept strategy_optional_remove_checkpoint =
+    !detail::strategy_members::has_member_remove_checkpoint<S>() ||
+    requires(S& s, const std::string& path) { s.remove_checkpoint(path); };
+/// Compatibility rules (compatibility.hpp): which accelerators and precisions it takes.
+template <class S, class V>
+concept strategy_optional_supports_accelerator =
+    !detail::strategy_members::has_member_supports_accelerator<S>() || requires(std::string_view name) {
+      { S::supports_accelerator(name) } -> std::convertible_to<bool>;
+    };
+template <class S, class V>
+concept strategy_optional_supports_precision =
+    !detail::strategy_members::has_member_supports_precision<S>() || requires(std::string_view name) {
+      { S::supports_precision(name) } -> std::convertible_to<bool>;
+    };
+
+// clang-format off
+#define FULGUR_STRATEGY_OPTIONAL_MEMBERS(R)                                                                   \
+  R(strategy_optional_unscale_gradients, "void unscale_gradients(torch::optim::Optimizer&, Precision&)")      \
+  R(strategy_optional_get_module_state_dict, "fulgur::StateDict get_module_state_dict(const torch::nn::Module&)") \
+  R(strategy_optional_load_optimizer_state_dict,                                                              \
+    "void load_optimizer_state_dict(torch::optim::Optimizer&, const fulgur::StateDict&)")                      \
+  R(strategy_optional_on_train_end, "void on_train_end()")                                                    \
+  R(strategy_optional_remove_checkpoint, "void remove_checkpoint(const std::string& path)")                   \
+  R(strategy_optional_supports_accelerator, "static constexpr bool supports_accelerator(std::string_view)")    \
+  R(strategy_optional_supports_precision, "static constexpr bool supports_precision(std::string_view)")
+// clang-format on
+
 template <class T, class V>
-concept strategy_for = true FULGUR_STRATEGY_REQUIREMENTS(FULGUR_DETAIL_ALL_OF);
+concept strategy_for =
+    true FULGUR_STRATEGY_REQUIREMENTS(FULGUR_DETAIL_ALL_OF) FULGUR_STRATEGY_OPTIONAL_MEMBERS(FULGUR_DETAIL_ALL_OF);
 
 /// A strategy policy over LibTorch's types.
 template <class S>
 concept strategy = strategy_for<S, torch_vocabulary>;
 
 namespace detail {
-enum class strategy_requirement { FULGUR_STRATEGY_REQUIREMENTS(FULGUR_DETAIL_ENUMERATE) none };
+enum class strategy_requirement {
+  FULGUR_STRATEGY_REQUIREMENTS(FULGUR_DETAIL_ENUMERATE) FULGUR_STRATEGY_OPTIONAL_MEMBERS(FULGUR_DETAIL_ENUMERATE) none
+};
 template <class T, class V>
 consteval strategy_requirement first_missing_strategy_requirement() {
   using Missing = strategy_requirement;
-  FULGUR_STRATEGY_REQUIREMENTS(FULGUR_DETAIL_FIRST_MISSING) return Missing::none;
+  FULGUR_STRATEGY_REQUIREMENTS(FULGUR_DETAIL_FIRST_MISSING)
+  FULGUR_STRATEGY_OPTIONAL_MEMBERS(FULGUR_DETAIL_FIRST_MISSING) return Missing::none;
 }
 }  // namespace detail
 
@@ -173,6 +241,11 @@ consteval bool assert_strategy() {
 #define FULGUR_DETAIL_REMEDY \
   "`; write it, or derive from fulgur::strategy_defaults<YourStrategy> (docs/concepts/strategy.md)."
   FULGUR_STRATEGY_REQUIREMENTS(FULGUR_DETAIL_REQUIRE)
+#undef FULGUR_DETAIL_LACKS
+#undef FULGUR_DETAIL_REMEDY
+#define FULGUR_DETAIL_LACKS "fulgur: the strategy (Trainer's second argument) has a member named after the optional `"
+#define FULGUR_DETAIL_REMEDY "`, but it cannot be called so; fix its signature (or rename it: fulgur would never call it)."
+  FULGUR_STRATEGY_OPTIONAL_MEMBERS(FULGUR_DETAIL_REQUIRE)
 #undef FULGUR_DETAIL_LACKS
 #undef FULGUR_DETAIL_REMEDY
   return true;  // the one error is the static_assert above; a `false` here would add a second

@@ -40,6 +40,10 @@ class CSVLogger {
   std::string_view name() const { return directory_.options().name; }
   const LoggerOptions& options() const { return directory_.options(); }
   std::string version() const { return directory_.version_name(); }
+  /// Where a ModelCheckpoint without a dirpath wrote beside this logger's runs (fit's ckpt_path = "last").
+  std::vector<std::string> checkpoint_folders(const std::string& default_root_dir) const {
+    return directory_.checkpoint_folders(default_root_dir);
+  }
   /// <save_dir>/<name>/version_<n> (known once a run has started).
   const std::string& log_dir() const { return directory_.path(); }
   std::string metrics_file() const { return log_dir() + "/metrics.csv"; }

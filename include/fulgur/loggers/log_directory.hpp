@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "fulgur/loggers/hyperparameters.hpp"
 
@@ -40,6 +41,9 @@ class LogDirectory {
   /// save_dir/name/version_<n> (empty before resolve).
   const std::string& path() const { return path_; }
   std::string version_name() const;
+  /// The checkpoints folder of every version that exists under save_dir/name (a ModelCheckpoint
+  /// without a dirpath writes in the run's version), absolute.
+  std::vector<std::string> checkpoint_folders(const std::string& default_root_dir) const;
   const LoggerOptions& options() const { return options_; }
 
  private:

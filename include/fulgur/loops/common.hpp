@@ -6,6 +6,7 @@
 #include <torch/data/example.h>
 #include <c10/util/FunctionRef.h>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <csignal>
 #include <cstdint>
@@ -99,6 +100,10 @@ bool stop_if_signalled(Host& host, Where&& where, bool training_done = false) {
 
 /// "the module's parameters are float32 on cpu" (for errors about a batch that does not fit).
 std::string parameters_text(torch::nn::Module& module);
+
+/// An optimizer over no parameters trains nothing: a MisconfigurationError naming it (PyTorch's
+/// "optimizer got an empty parameter list"); `where` says where it came from.
+void require_parameters(const torch::optim::Optimizer& optimizer, std::string_view where);
 
 /// The StepError for a step that LibTorch refused: where, why, the batch and the model.
 StepError step_failure(std::string_view step, const StepContext& ctx, std::string_view precision,

@@ -110,6 +110,8 @@ class FitLoop final : private detail::LoopLink, public FitState {
         host_.end_training();  // Lightning's Strategy.on_train_end, before the hooks of that name
         hook_(hooks::on_train_end);
       } else {
+        if (max_batches_ == 0 && progress_.stop_reason.empty())
+          progress_.stop_reason = "no training batches (limit_train_batches=0)";  // Lightning: "No training batches."
         host_.end_training();
       }
       hook_(hooks::on_fit_end);
@@ -270,6 +272,7 @@ class FitLoop final : private detail::LoopLink, public FitState {
       const bool completed = epoch_loop.run(summary, start, first_batch, !loader_restored_);
       if (!completed && !frozen_loop_) frozen_loop_ = current_loop_state();  // cut short: resume inside this epoch
       finish_epoch(summary, completed);
+      agree_on_stop();  // before done(): a stop asked for on one rank ends every rank's run here
       progress_.in_epoch = false;
       hold_checkpoints(false);
       write_requested_checkpoints();
@@ -315,14 +318,18 @@ class FitLoop final : private detail::LoopLink, public FitState {
 
 /// Trainer::fit: the fit loop on `host` (a fulgur::loops::loop_host), kept by the host's loop
 /// services after it ends (save_checkpoint writes its final state).
+/// `warnings`: what the host found before the fit began (e.g. no "last" checkpoint), reported with the
+/// fit's own.
 template <class Host, class Module, class TrainData, class ValData>
-FitResult fit(Host& host, Module& module, TrainData& train, ValData& val, FitOptions options) {
+FitResult fit(Host& host, Module& module, TrainData& train, ValData& val, FitOptions options,
+              std::vector<std::string> warnings = {}) {
   if constexpr (!loop_host<Host>) {
     static_assert(assert_loop_host<Host>());
     return {};
   } else {
     auto loop = std::make_shared<FitLoop<Host, Module, TrainData, ValData>>(host, module, train, val, std::move(options));
     host_access::services(host).attach_fit(loop);
+    for (std::string& warning : warnings) loop->warn(std::move(warning));
     return loop->run();
   }
 }

@@ -81,6 +81,8 @@ class FitState {
   std::int64_t max_epochs() const;
   /// Whether the run ends here; sets the stop reason.
   bool done();
+  /// Under DDP: every rank takes a stop any rank asked for (FitProgress::stop_agreed); an epoch's end.
+  void agree_on_stop();
   /// An epoch's end, after its metrics were published: counters, summary, the epoch-end schedulers.
   void close_epoch(EpochSummary& summary, bool completed, Schedulers& schedulers);
   /// FitResult of the run (the metrics read to the host once).

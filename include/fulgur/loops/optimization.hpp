@@ -44,8 +44,17 @@ struct FitProgress {
   std::int64_t skipped_in_a_row = 0;
   std::int64_t batches_in_epoch = 0;      ///< batches of the current epoch that are done
   bool in_epoch = false;                  ///< between an epoch's first batch and its end
+  /// Under DDP, the stop request every rank agreed on (stop_wanted). A rank that sets ctx.should_stop
+  /// alone stops with the others at the next point where they agree: after a validation, at a log
+  /// step, at an epoch's end (no collective per batch). One process: ctx.should_stop itself.
+  bool stop_agreed = false;
   std::string stop_reason{};
 };
+
+/// Whether a stop is asked for, as every rank sees it (see FitProgress::stop_agreed).
+inline bool stop_wanted(const FitProgress& progress, const StepContext& ctx, int world_size) {
+  return world_size == 1 ? ctx.should_stop : progress.stop_agreed;
+}
 
 /// Whether a stop request may end the run now (Lightning's _can_stop_early).
 inline bool can_stop_early(const FitProgress& progress, const TrainerConfig& config) {

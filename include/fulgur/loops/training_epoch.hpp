@@ -132,10 +132,13 @@ class TrainingEpochLoop {
       p_.metrics.publish_step(p_.views);
     }
     ++p_.progress.total_batch_idx;
+    if (outcome.stepped && (p_.progress.batches_that_stepped + 1) % config_.log_every_n_steps == 0)
+      agree_on_stop();  // under DDP, at each log step: a stop any rank asked for ends every rank's run here
     bool stop = stop_requested();
     read_loss(outcome, is_last || stop, step_at_batch);
     if (should_validate(is_last)) {
       validate(outcome.stepped);
+      agree_on_stop();
       stop = stop || stop_requested();  // a stop asked for in validation (EarlyStopping) ends the run here
     }
     if (outcome.step_ran) p_.schedulers.after_step(batch_idx, p_.views.callback, /*plateau=*/true);
@@ -155,7 +158,7 @@ class TrainingEpochLoop {
   /// values logged on_step in this batch go to the loggers, with the epoch.
   void send_step_to_loggers() {
     const std::int64_t n = p_.progress.batches_that_stepped + 1;
-    if (n % config_.log_every_n_steps != 0 && !p_.hook.ctx().should_stop) return;
+    if (n % config_.log_every_n_steps != 0 && !stop_wanted(p_.progress, p_.hook.ctx(), p_.host.world_size())) return;
     Metrics logged;
     p_.metrics.collect_step_logged(logged);
     if (logged.empty()) return;
@@ -188,6 +191,13 @@ class TrainingEpochLoop {
     });
   }
 
+  /// Under DDP: every rank takes a stop any rank asked for (FitProgress::stop_agreed).
+  void agree_on_stop() {
+    if (p_.host.world_size() == 1) return;
+    StepContext& ctx = p_.hook.ctx();
+    ctx.should_stop = p_.progress.stop_agreed = p_.host.reduce_boolean_decision(ctx.should_stop, /*all=*/false);
+  }
+
   /// Whether the run ends after this batch: max_steps, max_time, or a stop request once
   /// min_epochs/min_steps are met.
   bool stop_requested() {
@@ -200,11 +210,11 @@ class TrainingEpochLoop {
     if (config_.max_time && !ctx.should_stop) {
       const bool up = std::chrono::steady_clock::now() - fit_start_ >= *config_.max_time;
       if (p_.host.reduce_boolean_decision(up, /*all=*/false)) {  // every rank stops at the same batch
-        ctx.should_stop = true;
+        ctx.should_stop = progress.stop_agreed = true;
         progress.stop_reason = "max_time=" + fixed(config_.max_time->count()) + " s reached";
       }
     }
-    if (ctx.should_stop && can_stop_early(progress, config_)) {
+    if (stop_wanted(progress, ctx, p_.host.world_size()) && can_stop_early(progress, config_)) {
       if (progress.stop_reason.empty()) progress.stop_reason = "should_stop was set";
       return true;
     }
@@ -254,7 +264,7 @@ class TrainingEpochLoop {
       const StepContext& ctx = p_.hook.ctx();
       if (!schedule_.enabled) return false;
       if (schedule_.every_n_epochs && (ctx.current_epoch + 1) % *schedule_.every_n_epochs != 0) return false;
-      if (ctx.should_stop && can_stop_early(p_.progress, config_)) return true;
+      if (stop_wanted(p_.progress, ctx, p_.host.world_size()) && can_stop_early(p_.progress, config_)) return true;
       if (schedule_.check_batch < 0) return is_last;
       const std::int64_t done = schedule_.every_n_epochs ? ctx.batch_idx : p_.progress.total_batch_idx - 1;
       return (done + 1) % schedule_.check_batch == 0;
