@@ -368,17 +368,24 @@ def build(build_dir, manifest_path, *targets):
     if run.returncode == 0:
         print(f"docs built: {' '.join(targets)}")
         return 0
-    # Each block that a diagnostic names (an error in it, or an instantiation "required from" it).
-    named = {}
-    for m in re.finditer(r"^((?:README|docs/\S*?)\.md):(\d+):(?:\d+:)?\s*(.*)$", run.stdout, re.M):
-        doc, line, message = m.group(1), int(m.group(2)), m.group(3)
-        if not re.match(r"(fatal )?error:|required from", message):
-            continue  # a warning or a note
-        block = next((b for b in manifest if b["doc"] == doc and b["first"] <= line <= b["last"]), None)
-        named.setdefault(f"{doc}:{block['fence']}" if block else f"{doc}:{line}", f"{doc}:{line}: {message}")
-    for m in re.finditer(r"^(tests/docs/contexts/\S+?):(\d+):(?:\d+:)?\s*((?:fatal )?error:.*|required from.*)$",
-                         run.stdout, re.M):
-        named.setdefault(f"{m.group(1)}:{m.group(2)}", f"{m.group(1)}:{m.group(2)}: {m.group(3)}")
+    # Each block that a diagnostic names: an error in it, or an instantiation "required from" it
+    # (then the error is the next one GCC prints, in a header).
+    location = re.compile(r"^((?:README|docs/\S*?)\.md|tests/docs/contexts/\S+?):(\d+):(?:\d+:)?\s*(.*)$")
+    named, waiting = {}, []
+    for text in run.stdout.splitlines():
+        m = location.match(text)
+        if m and re.match(r"(fatal )?error:|required from", m.group(3)):
+            doc, line = m.group(1), int(m.group(2))
+            block = next((b for b in manifest if b["doc"] == doc and b["first"] <= line <= b["last"]), None)
+            where = f"{doc}:{block['fence']}" if block else f"{doc}:{line}"
+            if where not in named:
+                named[where] = f"{doc}:{line}: {m.group(3)}"
+                if not m.group(3).startswith(("error:", "fatal error:")):
+                    waiting.append(where)
+        elif " error: " in text and waiting:
+            for where in waiting:
+                named[where] += f"; {text.strip()}"
+            waiting = []
     for where, first in named.items():
         print(f"docs: the block at {where} does not compile: {first}")
     if not named:
