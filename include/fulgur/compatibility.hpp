@@ -107,10 +107,6 @@ constexpr compatibility_rule first_broken_rule() {
 
 }  // namespace detail
 
-/// Whether precision P uses a loss scaler: its optional `static constexpr bool uses_scaler`, false when absent.
-template <class P>
-inline constexpr bool uses_loss_scaler = detail::uses_scaler<P>();
-
 /// True when Trainer<A, S, P> can be built (V: the vocabulary, see concepts/vocabulary.hpp).
 template <class A, class S, class P, class V = torch_vocabulary>
 inline constexpr bool compatible_for =
