@@ -447,6 +447,30 @@ TEST_CASE("bad input: an empty loader, no parameters, no optimizer, a non-scalar
   CHECK_THROWS_AS(test::CpuTrainer<FloatPrecision>(test::quiet({.accumulate_grad_batches = 0})), MisconfigurationError);
 }
 
+TEST_CASE("bad input: BatchNorm over a last batch of one sample advises drop_last, not dtype/shape/device",
+          "[trainer][errors]") {
+  // Found by the new-user probe: 33 samples in batches of 8 leave one; the old advice was about dtypes.
+  struct NormedImpl : test::ClassifierImpl {
+    NormedImpl() : norm(register_module("norm", torch::nn::BatchNorm1d(8))) {}
+    at::Tensor training_step(const data::Batch& b, std::int64_t) {
+      return torch::nn::functional::cross_entropy(forward(norm(b.input)), b.target);
+    }
+    torch::nn::BatchNorm1d norm;
+  };
+  auto [x, y] = test::classification_data(33);
+  test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+  auto model = std::make_shared<NormedImpl>();
+  const auto message =
+      test::message_of<StepError>([&] { trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 8})); });
+  CHECK_THAT(message, Catch::StartsWith("fulgur: training_step at epoch 0, batch 4 (global_step 4) failed"));
+  CHECK_THAT(message, Catch::Contains("Expected more than 1 value per channel when training"));
+  CHECK_THAT(message, Catch::Contains("input float32[1, 8] on cpu"));
+  CHECK_THAT(message, Catch::Contains("drop_last = true on the loader (fulgur::data::TensorLoaderOptions::drop_last)"));
+  CHECK_THAT(message, !Catch::Contains("dtype, shape and device"));
+  // The advice works.
+  CHECK(trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 8, .drop_last = true})).global_step == 4);
+}
+
 TEST_CASE("bad input: a non-finite loss under 32-true stops the run and names the batch", "[trainer][errors]") {
   auto [x, y] = test::classification_data(64);
   x[37][2] = std::numeric_limits<float>::quiet_NaN();  // sample 37 is in batch 4 (batch_size 8)
