@@ -57,6 +57,33 @@ TEST_CASE("config: a value that cannot work names the field and the fix when the
         }) == "TrainerConfig::num_nodes must be >= 1, got 0.");
 }
 
+TEST_CASE("config: devices = -1 is all devices on every accelerator, preemption.exit_code 0 is refused (probe)",
+          "[loops][config]") {
+  // Found by the new-user probe: TrainerConfig's check offered -1 ("for all") and CPUAccelerator refused it.
+  CHECK(CPUAccelerator::parse_devices(-1) == std::vector<int>{0});
+  CHECK(CPUAccelerator::parse_devices("-1") == std::vector<int>{0});
+  auto train = loader(16);
+  Probe model;
+  CHECK(CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1, .devices = -1})).fit(model, train).global_step == 2);
+  CHECK(CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1, .devices = "-1"})).fit(model, train).global_step == 2);
+  // What the check offers for 0 is what the accelerator takes.
+  const auto zero = test::message_of<MisconfigurationError>([] { CpuTrainer<FloatPrecision> t(test::quiet({.devices = 0})); });
+  CHECK_THAT(zero, Catch::Contains("-1 for all"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([] { CPUAccelerator::parse_devices(-2); }),
+             Catch::StartsWith("`devices` selected with `CPUAccelerator` should be an int > 0 (or -1 for all, which on "
+                               "the CPU is 1 process), got -2."));
+  // exit_code 0 says "succeeded": a preempted job would never be requeued. Named with the usual value.
+  auto refused = [](int code) {
+    return test::message_of<MisconfigurationError>(
+        [&] { CpuTrainer<FloatPrecision> trainer(test::quiet({.preemption = {.exit_code = code}})); });
+  };
+  CHECK_THAT(refused(0), Catch::StartsWith("TrainerConfig::preemption.exit_code must lie in [1, 255] and not mean success"));
+  CHECK_THAT(refused(0), Catch::Contains("keep the default 75 (EX_TEMPFAIL") && Catch::EndsWith("got 0."));
+  CHECK_THAT(refused(256), Catch::EndsWith("got 256."));  // the exit status is 256 % 256 = 0
+  CHECK_THAT(refused(-1), Catch::EndsWith("got -1."));
+  CHECK_NOTHROW(CpuTrainer<FloatPrecision>(test::quiet({.preemption = {.exit_code = 143}})));
+}
+
 TEST_CASE("limits: counts and fractions of the batches, as Lightning computes them", "[loops][limits]") {
   auto train = loader(64);  // 8 batches
   Probe model;
