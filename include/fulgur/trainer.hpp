@@ -465,10 +465,12 @@ class Trainer {
     auto& m = detail::referent(module);
     auto& d = detail::range_ref(data);
     using M = std::remove_cvref_t<decltype(m)>;
-    static_assert(has_predict_step<M, loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(d))>>>,
-                  "fulgur: predict needs a predict_step(batch, batch_idx) returning the prediction; add one to the "
-                  "module (docs/loops-and-hooks.md).");
-    return loops::predict(*this, m, d);
+    using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(d))>>;
+    static_assert(assert_evaluation_step<Stage::predict, M, Batch>());  // "predict() needs predict_step(...)"
+    if constexpr (has_predict_step<M, Batch>)
+      return loops::predict(*this, m, d);
+    else
+      return detail::inert{};
   }
 
  private:
@@ -481,16 +483,11 @@ class Trainer {
                   "fulgur: configure_optimizers() returns a reference; return the optimizer by value (a "
                   "std::unique_ptr<Optimizer>, an OptimizerConfig or a vector of them): fit takes ownership (callbacks "
                   "see the optimizers as trainer.optimizers(), a manual training_step as ctx.optimizers()).");
-    constexpr bool trainable = training_module<Module, Batch>;
-    static_assert(trainable,
-                  "fulgur: the module must derive from torch::nn::Module and define "
-                  "training_step(const Batch&, int64_t batch_idx) returning the loss (or a struct with `loss`) for "
-                  "the batches of train_data, and configure_optimizers() returning a std::unique_ptr<Optimizer> or "
-                  "fulgur::OptimizerConfig; see docs/concepts/training_module.md.");
-    static_assert(!detail::declares_automatic_optimization<Module> ||
-                      detail::declares_constant_automatic_optimization<Module>,
-                  "fulgur: declare automatic_optimization as `static constexpr bool automatic_optimization = false;` "
-                  "(fulgur picks the optimization loop at compile time).");
+    // One error naming the first requirement the module misses (concepts/training_module.hpp).
+    constexpr bool trainable = detail::first_missing_training_module_requirement<
+                                   Module, detail::module_vocabulary<torch_vocabulary, Batch>>() ==
+                               detail::training_module_requirement::none;
+    static_assert(assert_training_module<Module, Batch>());
     constexpr bool validates = [] {
       if constexpr (std::is_same_v<ValData, loops::NoData>)
         return true;
@@ -521,8 +518,7 @@ class Trainer {
     using Module = std::remove_cvref_t<M>;
     using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(data))>>;
     constexpr bool has_step = Kind::template defined_for<Module, Batch>;
-    static_assert(has_step, "fulgur: validate/test need a validation_step/test_step(batch, batch_idx) in the module "
-                            "for the batches of the data; add it (docs/loops-and-hooks.md).");
+    static_assert(assert_evaluation_step<Kind::stage, Module, Batch>());  // "test() needs test_step(...)"
     if constexpr (has_step)
       return loops::evaluate<Kind>(*this, module, data);
     else
