@@ -146,6 +146,10 @@ class Trainer {
   explicit Trainer(TrainerConfig config = {}, options_type options = {})
     requires(std::default_initializable<Callbacks> && ...)
       : Trainer(construct{}, std::move(config), std::move(options), Callbacks{}...) {}
+  /// A callback that needs arguments (EarlyStopping) left out: one error saying to pass it.
+  explicit Trainer(TrainerConfig config = {}, options_type options = {})
+    requires(!(std::default_initializable<Callbacks> && ...))
+      : Trainer(construct{}, std::move(config), std::move(options), default_callback<Callbacks>()...) {}
   Trainer(TrainerConfig config, Callbacks... callbacks)
     requires(sizeof...(Callbacks) > 0)
       : Trainer(construct{}, std::move(config), options_type{}, std::move(callbacks)...) {}

@@ -7,6 +7,7 @@
 // instead of being silently never called. A member with a hook's name that cannot be called with
 // that hook's arguments is a separate error, raised where the hook is called (hooks.hpp).
 #include <concepts>
+#include <cstdlib>
 #include <type_traits>
 #include <vector>
 
@@ -81,6 +82,23 @@ constexpr bool assert_callback() {
                 "fulgur calls on callbacks, and no log_metrics: misspelt? docs/callbacks.md lists every hook with "
                 "its signature.");
   return true;  // the static_assert above is the one error
+}
+
+/// The callback a Trainer makes itself when it is built without callback arguments (Trainer(config)):
+/// one error, not a page of constructor overloads, for a callback that needs arguments (EarlyStopping:
+/// its monitor).
+template <class C>
+C default_callback() {
+  constexpr bool default_constructible = std::default_initializable<C>;  // (a bool: no page of concept notes)
+  static_assert(default_constructible,
+                "fulgur: a callback among the Trainer's template arguments (the `C = ...` of this error's context) "
+                "has no default constructor, so Trainer(config) cannot make it: pass it to the constructor: "
+                "Trainer(config, callbacks...), e.g. Trainer<A, S, P, EarlyStopping>(config, "
+                "EarlyStopping({.monitor = \"val_loss\"})).");
+  if constexpr (default_constructible)
+    return C{};
+  else
+    std::abort();  // never compiled into a program: the static_assert above stopped the build
 }
 
 /// Whether a callback runs its on_train_epoch_end after the module's (Lightning runs EarlyStopping
