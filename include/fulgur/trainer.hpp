@@ -115,8 +115,10 @@ template <class A, class S, class P, class... Callbacks>
 constexpr bool assert_trainer_arguments() {
   if constexpr (!compatible<A, S, P>)
     return assert_compatible<A, S, P>();
-  else
+  else if constexpr (!(callback<Callbacks> && ...))
     return (assert_callback<Callbacks>() && ...);
+  else
+    return assert_loggers_for<Callbacks...>();  // LearningRateMonitor without a logger
 }
 
 /// A value of any type, for the inert Trainer's members (never evaluated).
@@ -163,6 +165,7 @@ class Trainer {
       : config_(detail::validated(std::move(config))),
         strategy_(make_strategy(std::move(options))),
         callbacks_(make_callbacks(std::move(callbacks)...)) {
+    static_assert(detail::assert_trainer_arguments<A, S, P, Callbacks...>());  // e.g. a callback needing a logger
     init();
   }
   void init() {
