@@ -395,7 +395,7 @@ struct Sealed final {
 };
 }  // namespace callback_probe
 
-TEST_CASE("callback: a type is one when a member bears a hook's name; a misspelt one is not", "[concepts][callback]") {
+TEST_CASE("callback: a type is one when a member bears a hook's name, a misspelt one is not", "[concepts][callback]") {
   using namespace callback_probe;
   STATIC_REQUIRE(fulgur::callback<OneHook>);
   STATIC_REQUIRE(fulgur::callback<TemplateHook>);

@@ -566,7 +566,7 @@ TEST_CASE("weights-only checkpoints and save_checkpoint outside fit", "[checkpoi
              Catch::Contains("holds weights only"));
 }
 
-TEST_CASE("Python's torch.load(weights_only=True) reads a fulgur checkpoint; fulgur reads torch.save's", "[checkpoint][python]") {
+TEST_CASE("Python's torch.load(weights_only=True) reads a fulgur checkpoint, fulgur reads torch.save's", "[checkpoint][python]") {
   const std::string folder = scratch_folder("python");
   train<FP16MixedPrecision>(4, folder + "/py.ckpt", "", -1, 3);
   const std::string script = std::string(FULGUR_SOURCE_DIR) + "/tests/checkpoint/python_roundtrip.py";

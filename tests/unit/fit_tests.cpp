@@ -190,7 +190,7 @@ TEST_CASE("dtype flow in fit: inputs converted, targets kept, contexts open only
   CHECK(c10::get_default_dtype_as_scalartype() == at::kFloat);
 }
 
-TEST_CASE("positions reach the steps; logged values reach the result", "[trainer][hooks]") {
+TEST_CASE("positions reach the steps, logged values reach the result", "[trainer][hooks]") {
   FitResult result;
   auto spy = run_spy<FloatPrecision>({.max_epochs = 2}, &result);
   // val batches of 16, 16 and 8: the weighted mean of the logged batch sizes is (16*16*2 + 8*8) / 40
@@ -289,7 +289,7 @@ struct LrProbeImpl : OverflowImpl {
 TORCH_MODULE(LrProbe);
 }  // namespace
 
-TEST_CASE("scheduler: step interval skips AMP-skipped steps; epoch interval steps once per epoch", "[trainer][scheduler]") {
+TEST_CASE("scheduler: step interval skips AMP-skipped steps, epoch interval steps once per epoch", "[trainer][scheduler]") {
   auto [x, y] = test::classification_data(48);
   data::TensorLoader train(x, y, {.batch_size = 8});
   {
@@ -499,7 +499,7 @@ TEST_CASE("bad input: a non-finite loss under 32-true stops the run and names th
   }
 }
 
-TEST_CASE("dispatch: run-time strings pick the compiled Trainer type; a wrong choice lists the valid ones",
+TEST_CASE("dispatch: run-time strings pick the compiled Trainer type, a wrong choice lists the valid ones",
           "[dispatch]") {
   auto name_of = [](auto trainer_type) { return decltype(trainer_type)::type::combination_name(); };
   CHECK(dispatch("cpu", "single_device", "bf16-mixed", name_of) == "cpu/single_device/bf16-mixed");

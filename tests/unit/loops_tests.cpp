@@ -123,7 +123,7 @@ TEST_CASE("validation placement: fractions, counts, across epochs, every n epoch
                                "batches (8)."));
 }
 
-TEST_CASE("stopping: should_stop honours min_epochs; max_time stops at a batch; the reason is given", "[loops][stop]") {
+TEST_CASE("stopping: should_stop honours min_epochs, max_time stops at a batch, the reason is given", "[loops][stop]") {
   auto train = loader(64);
   {
     Probe model;
@@ -360,7 +360,7 @@ struct PlateauImpl : test::ClassifierImpl {
 TORCH_MODULE(Plateau);
 }  // namespace
 
-TEST_CASE("ReduceLROnPlateau steps on its monitored metric; a metric never logged is named", "[loops][scheduler]") {
+TEST_CASE("ReduceLROnPlateau steps on its monitored metric, a metric never logged is named", "[loops][scheduler]") {
   auto train = loader(32);
   auto val = loader(16);
   {
@@ -525,7 +525,7 @@ TEST_CASE("a module in eval mode at the start of training is reported", "[loops]
 
 // ---- devices: tensors and modules created on the root device ---------------------------------------
 
-TEST_CASE("DefaultDeviceGuard: factories without a device go to the guard's device; nothing else changes",
+TEST_CASE("DefaultDeviceGuard: factories without a device go to the guard's device, nothing else changes",
           "[loops][device]") {
   const auto cpu = torch::ones({2});
   {
@@ -627,7 +627,7 @@ TEST_CASE("probe: validate's metrics are the run's epoch values, without _step v
   CHECK(r.metrics.count("val_loss") == 1);
 }
 
-TEST_CASE("probe: a NaN validation loss in the sanity check is kept too; empty validation data is named",
+TEST_CASE("probe: a NaN validation loss in the sanity check is kept too, empty validation data is named",
           "[loops][regression]") {
   struct NaNValidationImpl : test::ClassifierImpl {
     at::Tensor validation_step(const data::Batch&, std::int64_t) { return torch::full({}, std::nan("")); }
@@ -700,7 +700,7 @@ TEST_CASE("review: a new run's set-up makes the loss scaler forget an interrupte
   CHECK(precision.scaler().get_scale() == 65536.0);  // the scale itself is kept
 }
 
-TEST_CASE("min_steps holds a stop request back; save and load resolve relative paths under default_root_dir",
+TEST_CASE("min_steps holds a stop request back, save and load resolve relative paths under default_root_dir",
           "[loops][stop]") {
   {
     Probe model;

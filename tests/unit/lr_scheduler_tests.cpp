@@ -171,7 +171,7 @@ TEST_CASE("A scheduler's state_dict resumes the schedule mid-run, with the optim
   }
 }
 
-TEST_CASE("LibTorch's StepLR decays one epoch late; fulgur::optim::StepLR as Python", "[scheduler]") {
+TEST_CASE("LibTorch's StepLR decays one epoch late, fulgur::optim::StepLR as Python", "[scheduler]") {
   auto libtorch_optimizer = make_optimizer(false), fulgur_optimizer = make_optimizer(false);
   torch::optim::StepLR libtorch(*libtorch_optimizer, 2, 0.5);
   optim::StepLR exact(*fulgur_optimizer, 2, 0.5);

@@ -388,7 +388,7 @@ TEST_CASE("Fused optimizers refuse a loaded state of other shapes, and convert a
   CHECK(wide.isfinite().all().item<bool>());
 }
 
-TEST_CASE("Fused optimizers check every parameter when made; amsgrad may be turned on mid-run", "[optim][errors]") {
+TEST_CASE("Fused optimizers check every parameter when made, amsgrad may be turned on mid-run", "[optim][errors]") {
   auto whole = torch::ones({2}, at::kLong);
   CHECK_THAT(test::message_of<MisconfigurationError>([&] { optim::FusedAdam({whole}); }),
              Catch::Contains("FusedAdam runs on floating-point tensors on the CPU or a CUDA device; a parameter is Long"));
