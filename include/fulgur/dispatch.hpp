@@ -54,7 +54,7 @@ inline constexpr auto shipped_precisions = hana::tuple_t<FloatPrecision, DoubleP
 /// so that a program dispatching over shipped_trainers compiles 24 fit loops, not 54; a program that runs
 /// them dispatches over a list that has them, e.g.
 ///   compatible_trainers(shipped_accelerators, shipped_sharded_strategies, shipped_precisions)
-/// (sharding with '64-true' is filtered out: not supported).
+/// (compatible_trainers keeps the compatible triples only, as for the other strategies).
 inline constexpr auto shipped_sharded_strategies = hana::tuple_t<ShardedStrategy<1>, ShardedStrategy<2>, ShardedStrategy<3>>;
 
 namespace detail {
