@@ -39,7 +39,27 @@ if(NOT TARGET torch)
     if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST} AND NOT TORCH_CUDA_ARCH_LIST)
       set(TORCH_CUDA_ARCH_LIST "9.0")  # never probe for a GPU at configure time
     endif()
+    # Two warnings LibTorch's config would print on every configure, neither about this project:
+    # - "library kineto not found": TorchConfig looks for a separate kineto library, but the PyPI
+    #   wheel links Kineto into libtorch_cpu. Where there is no kineto library beside it, the search
+    #   is pointed at libtorch_cpu (already linked: naming it twice changes nothing).
+    # - "pytorch is not compatible with `CMAKE_CUDA_ARCHITECTURES`": the CUDA wheel's config enables
+    #   the CUDA language itself, and under policy CMP0104 NEW that defines CMAKE_CUDA_ARCHITECTURES,
+    #   which it then warns about and ignores (it takes TORCH_CUDA_ARCH_LIST). fulgur compiles no CUDA
+    #   source, so CMP0104 is OLD while the config runs: the variable stays undefined. A project that
+    #   enables CUDA itself before, or sets CMAKE_CUDA_ARCHITECTURES, still gets LibTorch's warning,
+    #   which is then about its own setting.
+    foreach(_dir IN LISTS _hints Torch_DIR)
+      get_filename_component(_lib "${_dir}/../../../lib" ABSOLUTE)
+      if(NOT kineto_LIBRARY AND EXISTS "${_lib}/libtorch_cpu.so" AND NOT EXISTS "${_lib}/libkineto.a"
+         AND NOT EXISTS "${_lib}/libkineto.so")
+        set(kineto_LIBRARY "${_lib}/libtorch_cpu.so")
+      endif()
+    endforeach()
+    cmake_policy(PUSH)
+    cmake_policy(SET CMP0104 OLD)
     find_package(Torch REQUIRED HINTS ${_hints})
+    cmake_policy(POP)
   endblock()
 endif()
 

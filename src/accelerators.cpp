@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 
+#include "fulgur/accelerators/cpu.hpp"
 #include "fulgur/accelerators/cuda.hpp"
 #include "fulgur/accelerators/defaults.hpp"
 #include "fulgur/accelerators/device_parsing.hpp"
@@ -64,18 +65,21 @@ std::string accelerator_class(std::string_view name) { return name == "cuda" ? "
 }  // namespace
 
 std::vector<int> parse_cpu_devices(int devices) {
+  // -1 is "all devices" for every accelerator, as TrainerConfig::devices says: on the CPU, its
+  // auto_device_count() (1), as "auto". (Lightning's CPUAccelerator refuses -1 while its messages offer it.)
+  if (devices == -1) return all_ids(CPUAccelerator::auto_device_count());
   if (devices <= 0)
-    throw MisconfigurationError("`devices` selected with `CPUAccelerator` should be an int > 0, got " +
-                                std::to_string(devices) + ".");
+    throw MisconfigurationError("`devices` selected with `CPUAccelerator` should be an int > 0 (or -1 for all, which "
+                                "on the CPU is 1 process), got " + std::to_string(devices) + ".");
   return all_ids(devices);
 }
 
 std::vector<int> parse_cpu_devices(std::string_view devices) {
-  if (trim(devices) == "auto") return parse_cpu_devices(1);
+  if (trim(devices) == "auto") return parse_cpu_devices(CPUAccelerator::auto_device_count());
   int n = 0;
   if (!parse_int(devices, n))
-    throw MisconfigurationError("`devices` selected with `CPUAccelerator` should be an int > 0, got \"" +
-                                std::string(devices) + "\".");
+    throw MisconfigurationError("`devices` selected with `CPUAccelerator` should be an int > 0 (or -1 or \"auto\" "
+                                "for all, which on the CPU is 1 process), got \"" + std::string(devices) + "\".");
   return parse_cpu_devices(n);
 }
 

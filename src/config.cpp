@@ -68,6 +68,14 @@ void validate_config(const TrainerConfig& c) {
   at_least("log_every_n_steps", c.log_every_n_steps, 1);
   at_least("max_consecutive_skipped_steps", c.max_consecutive_skipped_steps, 0, " (0: never stop)");
   if (c.default_root_dir.empty()) refuse("default_root_dir", "must name a folder (\".\" for the current one)", "\"\"");
+  // 0 tells a scheduler or a script that the job succeeded, so a preempted run would never be requeued; a
+  // process's exit status is the code modulo 256, so 256 is 0 too.
+  if (c.preemption.exit_code < 1 || c.preemption.exit_code > 255)
+    refuse("preemption.exit_code",
+           "must lie in [1, 255] and not mean success (0 tells a scheduler or script that the job finished, so a "
+           "preempted run would not be requeued; the exit status is taken modulo 256): keep the default " +
+               std::to_string(preempted_exit_code) + " (EX_TEMPFAIL, fulgur::preempted_exit_code, \"try again\")",
+           std::to_string(c.preemption.exit_code));
 }
 
 }  // namespace fulgur::detail

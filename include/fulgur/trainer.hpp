@@ -118,8 +118,10 @@ template <class A, class S, class P, class... Callbacks>
 constexpr bool assert_trainer_arguments() {
   if constexpr (!compatible<A, S, P>)
     return assert_compatible<A, S, P>();
-  else
+  else if constexpr (!(callback<Callbacks> && ...))
     return (assert_callback<Callbacks>() && ...);
+  else
+    return assert_loggers_for<Callbacks...>();  // LearningRateMonitor without a logger
 }
 
 /// A value of any type, for the inert Trainer's members (never evaluated).
@@ -149,6 +151,10 @@ class Trainer {
   explicit Trainer(TrainerConfig config = {}, options_type options = {})
     requires(std::default_initializable<Callbacks> && ...)
       : Trainer(construct{}, std::move(config), std::move(options), Callbacks{}...) {}
+  /// A callback that needs arguments (EarlyStopping) left out: one error saying to pass it.
+  explicit Trainer(TrainerConfig config = {}, options_type options = {})
+    requires(!(std::default_initializable<Callbacks> && ...))
+      : Trainer(construct{}, std::move(config), std::move(options), default_callback<Callbacks>()...) {}
   Trainer(TrainerConfig config, Callbacks... callbacks)
     requires(sizeof...(Callbacks) > 0)
       : Trainer(construct{}, std::move(config), options_type{}, std::move(callbacks)...) {}
@@ -162,6 +168,7 @@ class Trainer {
       : config_(detail::validated(std::move(config))),
         strategy_(make_strategy(std::move(options))),
         loop_services_(*this, make_callbacks(std::move(callbacks)...)) {
+    static_assert(detail::assert_trainer_arguments<A, S, P, Callbacks...>());  // e.g. a callback needing a logger
     init();
   }
   void init() {
@@ -472,10 +479,12 @@ class Trainer {
     auto& m = detail::referent(module);
     auto& d = detail::range_ref(data);
     using M = std::remove_cvref_t<decltype(m)>;
-    static_assert(has_predict_step<M, loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(d))>>>,
-                  "fulgur: predict needs a predict_step(batch, batch_idx) returning the prediction; add one to the "
-                  "module (docs/loops-and-hooks.md).");
-    return loops::predict(*this, m, d);
+    using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(d))>>;
+    static_assert(assert_evaluation_step<Stage::predict, M, Batch>());  // "predict() needs predict_step(...)"
+    if constexpr (has_predict_step<M, Batch>)
+      return loops::predict(*this, m, d);
+    else
+      return detail::inert{};
   }
 
  private:
@@ -488,16 +497,11 @@ class Trainer {
                   "fulgur: configure_optimizers() returns a reference; return the optimizer by value (a "
                   "std::unique_ptr<Optimizer>, an OptimizerConfig or a vector of them): fit takes ownership (callbacks "
                   "see the optimizers as trainer.optimizers(), a manual training_step as ctx.optimizers()).");
-    constexpr bool trainable = training_module<Module, Batch>;
-    static_assert(trainable,
-                  "fulgur: the module must derive from torch::nn::Module and define "
-                  "training_step(const Batch&, int64_t batch_idx) returning the loss (or a struct with `loss`) for "
-                  "the batches of train_data, and configure_optimizers() returning a std::unique_ptr<Optimizer> or "
-                  "fulgur::OptimizerConfig; see docs/concepts/training_module.md.");
-    static_assert(!detail::declares_automatic_optimization<Module> ||
-                      detail::declares_constant_automatic_optimization<Module>,
-                  "fulgur: declare automatic_optimization as `static constexpr bool automatic_optimization = false;` "
-                  "(fulgur picks the optimization loop at compile time).");
+    // One error naming the first requirement the module misses (concepts/training_module.hpp).
+    constexpr bool trainable = detail::first_missing_training_module_requirement<
+                                   Module, detail::module_vocabulary<torch_vocabulary, Batch>>() ==
+                               detail::training_module_requirement::none;
+    static_assert(assert_training_module<Module, Batch>());
     constexpr bool validates = [] {
       if constexpr (std::is_same_v<ValData, loops::NoData>)
         return true;
@@ -531,8 +535,7 @@ class Trainer {
     using Module = std::remove_cvref_t<M>;
     using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(data))>>;
     constexpr bool has_step = Kind::template defined_for<Module, Batch>;
-    static_assert(has_step, "fulgur: validate/test need a validation_step/test_step(batch, batch_idx) in the module "
-                            "for the batches of the data; add it (docs/loops-and-hooks.md).");
+    static_assert(assert_evaluation_step<Kind::stage, Module, Batch>());  // "test() needs test_step(...)"
     if constexpr (has_step)
       return loops::evaluate<Kind>(*this, module, data);
     else

@@ -64,7 +64,7 @@ struct PreemptionOptions {
   /// true: after the save, the Trainer tears down and calls std::exit(exit_code) (Lightning raises
   /// SystemExit); false: fit returns with FitResult::preempted and the checkpoint's path.
   bool exit_process = true;
-  int exit_code = preempted_exit_code;  ///< 75, EX_TEMPFAIL: a launcher or script can tell "try again"
+  int exit_code = preempted_exit_code;  ///< 75, EX_TEMPFAIL ("try again"); 1-255: 0 (success, never requeued) is refused
 };
 
 struct TrainerConfig {

@@ -74,6 +74,8 @@ std::string ModelCheckpoint::state_key() const {
 
 void ModelCheckpoint::setup(TrainerView& trainer, Stage stage) {
   if (stage != Stage::fit) return;
+  validation_has_run_ = false;  // a new fit (Lightning: a new val loop, _has_run false)
+  warned_missing_monitor_ = false;
   // From the root: a relative dirpath is taken from the current directory (as in Lightning), the
   // default already holds default_root_dir, and the save must not put it under the root again.
   if (!options_.dirpath.empty())
@@ -122,6 +124,10 @@ void ModelCheckpoint::on_train_epoch_end(TrainerView& trainer) {
 }
 
 void ModelCheckpoint::on_validation_end(TrainerView& trainer) {
+  // Lightning's val_loop._has_run: a validation of fit (not the sanity check) ran a batch. From then on a
+  // monitor missing from the metrics is a misconfiguration, not a metric still to come.
+  if (trainer.stage() == Stage::fit && !trainer.sanity_checking() && trainer.num_evaluation_batches() != 0)
+    validation_has_run_ = true;
   if (skip(trainer) || save_on_train_epoch_end(trainer)) return;
   if (epoch_due(trainer)) save(trainer);
 }
@@ -134,6 +140,14 @@ void ModelCheckpoint::save(TrainerView& trainer) {
 
 bool ModelCheckpoint::better(double a, double b) const { return options_.mode == MonitorMode::min ? a < b : a > b; }
 
+std::optional<double> ModelCheckpoint::monitored(const TrainerView& trainer) const {
+  if (std::optional<double> value = trainer.metric(options_.monitor)) return value;
+  // Lightning's _monitor_candidates add the epoch and the step to the callback metrics.
+  if (options_.monitor == "epoch") return static_cast<double>(trainer.current_epoch());
+  if (options_.monitor == "step") return static_cast<double>(trainer.global_step());
+  return std::nullopt;
+}
+
 void ModelCheckpoint::save_top_k(TrainerView& trainer) {
   if (options_.save_top_k == 0) return;
   if (options_.monitor.empty()) {  // the latest only (save_top_k 1) or every one (-1)
@@ -143,12 +157,18 @@ void ModelCheckpoint::save_top_k(TrainerView& trainer) {
     if (options_.save_top_k == 1 && !previous.empty() && previous != best_model_path_) trainer.remove_checkpoint(previous);
     return;
   }
-  const std::optional<double> value = trainer.metric(options_.monitor);
+  const std::optional<double> value = monitored(trainer);
   if (!value) {
-    const std::string text = "ModelCheckpoint(monitor='" + options_.monitor + "') could not find the monitored key in "
-                             "the returned metrics: " + trainer.metric_names() + ". HINT: Did you call log('" +
-                             options_.monitor + "', value) in the module?";
-    if (trainer.is_global_zero()) std::cerr << "fulgur: " << text << std::endl;
+    // Lightning's _save_topk_checkpoint: an error once validation has run (the key will never come), a
+    // warning (once) before, when the metric may be logged by a validation still to run.
+    std::string candidates;
+    for (const std::string& name : trainer.callback_metrics().names()) candidates += "'" + name + "', ";
+    const std::string text = "`ModelCheckpoint(monitor='" + options_.monitor + "')` could not find the monitored key "
+                             "in the returned metrics: [" + candidates + "'epoch', 'step']. HINT: Did you call "
+                             "`ctx.log(\"" + options_.monitor + "\", value)` in the module?";
+    if (validation_has_run_) throw MisconfigurationError(text);
+    if (!warned_missing_monitor_) trainer.warn("fulgur: " + text);  // printed on rank 0, kept in FitResult::warnings
+    warned_missing_monitor_ = true;
     return;
   }
   double current = *value;

@@ -8,6 +8,7 @@
 #include "src/distributed/process_group.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/Logging.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +57,47 @@ PeerPosition decode(const std::string& text) {
   return p;
 }
 
+/// While fulgur's own store calls run (after the rendezvous: heartbeat, lost-rank probe), c10's log
+/// level is at least ERROR. When the rank serving the store is gone, c10d's TCPStore client logs a
+/// WARNING before it throws ("[c10d] recvValue failed on SocketImpl(...): Failed to recv, got 0 bytes.
+/// ... Exception raised from recvBytes ... frame #0: ..."): the socket error's what(), C++ stack trace
+/// included. fulgur catches that exception and either stops quietly (the heartbeat: the collective
+/// that fails next reports the cause) or names the cause once ("rank 0, which serves the rendezvous
+/// store, is unreachable"), so the warning would be a second report of the same cause, as a library
+/// stack trace. A store call cannot tell beforehand that the server is gone (it can be SIGKILLed at any
+/// time), hence the level rather than a check. c10's level is process-wide: the guard is counted (the
+/// heartbeat, a probe and the main thread may overlap) and each window lasts one store call; other
+/// threads' c10 warnings in such a window are lost (c10 logs few, and ERROR still shows). A user who
+/// sets TORCH_CPP_LOG_LEVEL (to debug c10d) keeps every message.
+class QuietStoreCall {
+ public:
+  QuietStoreCall() {
+    if (!enabled()) return;
+    std::lock_guard<std::mutex> lock(mutex());
+    if (depth()++ == 0) {
+      saved() = FLAGS_caffe2_log_level;
+      if (FLAGS_caffe2_log_level < c10::GLOG_ERROR) FLAGS_caffe2_log_level = c10::GLOG_ERROR;
+    }
+  }
+  ~QuietStoreCall() {
+    if (!enabled()) return;
+    std::lock_guard<std::mutex> lock(mutex());
+    if (--depth() == 0) FLAGS_caffe2_log_level = saved();
+  }
+  QuietStoreCall(const QuietStoreCall&) = delete;
+  QuietStoreCall& operator=(const QuietStoreCall&) = delete;
+
+ private:
+  static bool enabled() {
+    static const bool quiet = std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr;
+    return quiet;
+  }
+  // Never destroyed: a detached probe may still use them while the process exits.
+  static std::mutex& mutex() { static auto& m = *new std::mutex; return m; }
+  static int& depth() { static int d = 0; return d; }
+  static int& saved() { static int level = 0; return level; }
+};
+
 std::string why(const std::exception& e) {
   std::string text = e.what();
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) text = c10_error->what_without_backtrace();
@@ -96,6 +138,7 @@ struct ProcessGroup::Impl {
     heartbeat = std::thread([this] {
       while (!stopping.load()) {
         try {
+          const QuietStoreCall quiet;
           store->add(alive_key(rank), 1);
           const std::string position = encode(own_position());
           store->set(position_key(rank), std::vector<std::uint8_t>(position.begin(), position.end()));
@@ -156,8 +199,12 @@ struct ProcessGroup::Impl {
       std::vector<int> stuck;
       try {
         std::vector<std::int64_t> before(static_cast<std::size_t>(world));
-        for (int r = 0; r < world; ++r) before[static_cast<std::size_t>(r)] = store_ref->add(alive_key(r), 0);
+        {
+          const QuietStoreCall quiet;  // the store may be gone: its loss is what this finds out
+          for (int r = 0; r < world; ++r) before[static_cast<std::size_t>(r)] = store_ref->add(alive_key(r), 0);
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+        const QuietStoreCall quiet;
         std::vector<int> alive;
         for (int r = 0; r < world; ++r) {
           if (r == self) continue;
@@ -249,12 +296,16 @@ struct ProcessGroup::Impl {
   /// The rank serving the store ends last among those that saw a stuck peer: its exit takes the
   /// store, and the others' diagnosis with it. Waits at most 3 s.
   void let_peers_diagnose(int stuck_ranks) const {
+    const auto diagnosed = [this](std::int64_t more) {
+      const QuietStoreCall quiet;
+      return store->add("fulgur_diagnosed", more);
+    };
     try {
-      const std::int64_t done = store->add("fulgur_diagnosed", 1);
+      const std::int64_t done = diagnosed(1);
       if (!serves_store) return;
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
       for (std::int64_t seen = done; seen < size - stuck_ranks && std::chrono::steady_clock::now() < deadline;
-           seen = store->add("fulgur_diagnosed", 0))
+           seen = diagnosed(0))
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     } catch (const std::exception&) {
       // the store is gone: nobody is left to wait for

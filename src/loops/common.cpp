@@ -83,11 +83,19 @@ void throw_no_batches(std::string_view what, std::string_view advice, const std:
 
 StepError step_failure(std::string_view step, const StepContext& ctx, std::string_view precision,
                        const c10::Error& error, const std::string& batch_description, torch::nn::Module& module) {
+  const std::string what = detail::first_line(error.what_without_backtrace());
+  // BatchNorm in training mode cannot normalize a batch of one (LibTorch's _verify_batch_size): almost always
+  // the last batch of an epoch, where the dataset's size leaves one sample over. Not a dtype/shape/device issue.
+  const std::string advice =
+      what.find("Expected more than 1 value per channel when training") != std::string::npos
+          ? ". A batch norm layer in training mode cannot normalize a batch of one sample, which is usually the "
+            "epoch's last batch when the dataset's size leaves one sample over: drop that batch with drop_last = true "
+            "on the loader (fulgur::data::TensorLoaderOptions::drop_last), or choose a batch size that does not leave "
+            "one sample (under DDP, per process)."
+          : ". Make the batch's dtype, shape and device match what the model expects.";
   return StepError("fulgur: " + position_text(step, ctx.current_epoch, ctx.batch_idx, ctx.global_step) +
-                   " failed under precision '" + std::string(precision) + "': " +
-                   detail::first_line(error.what_without_backtrace()) + "\n  batch: " + batch_description +
-                   "\n  " + parameters_text(module) + ". Make the batch's dtype, shape and device match what the model "
-                   "expects.");
+                   " failed under precision '" + std::string(precision) + "': " + what + "\n  batch: " +
+                   batch_description + "\n  " + parameters_text(module) + advice);
 }
 
 void count_skipped_step(FitProgress& progress, const TrainerConfig& config, const StepContext& ctx,

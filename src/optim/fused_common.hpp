@@ -30,9 +30,16 @@ inline void check_fused_parameter(const at::Tensor& param, const char* optimizer
                                 param.device().str() + ". Use torch::optim's unfused optimizer for it.");
 }
 
-/// Python's check at construction: every parameter of every group.
+/// Python's checks at construction: some parameter to optimize (torch.optim.Optimizer's "optimizer got an
+/// empty parameter list", also when every group is empty), and every parameter of every group fit for the kernel.
 inline void check_fused_parameters(const torch::optim::Optimizer& optimizer, const char* name) {
-  for (const auto& group : optimizer.param_groups())
+  const auto& groups = optimizer.param_groups();
+  if (std::all_of(groups.begin(), groups.end(), [](const auto& group) { return group.params().empty(); }))
+    throw MisconfigurationError(std::string("fulgur: ") + name +
+                                " got an empty parameter list; pass it the tensors to optimize, e.g. "
+                                "model->parameters() once the module has registered its parameters (as Python's "
+                                "\"optimizer got an empty parameter list\").");
+  for (const auto& group : groups)
     for (const auto& param : group.params()) check_fused_parameter(param, name);
 }
 

@@ -554,9 +554,18 @@ double OneCycleLR::anneal(double start, double end, double pct) const {
 
 std::vector<double> OneCycleLR::get_lr() {
   const std::int64_t step_num = last_epoch_;
-  if (step_num > total_steps_)
-    refuse("OneCycleLR: tried to step " + std::to_string(step_num) + " times. The specified number of total steps is " +
-           std::to_string(total_steps_) + ".");
+  if (step_num > total_steps_) {
+    std::string text = "OneCycleLR: tried to step " + std::to_string(step_num) +
+                       " times. The specified number of total steps is " + std::to_string(total_steps_) + ".";
+    if (made_total_steps_)  // a loaded state set the total: say so, it is not the number the user wrote
+      text += " That total_steps (or epochs * steps_per_epoch) came from the checkpoint the run resumed from: loading a "
+              "scheduler's state restores its arguments (as Python's load_state_dict does), so the total this OneCycleLR "
+              "was made with (" + std::to_string(*made_total_steps_) + ") was replaced by the first run's, and its "
+              "schedule ends there. A resumed run continues that schedule and cannot run past its end: to train longer "
+              "on one cycle, make the OneCycleLR for the longer run's total from the first run on; else start a new fit "
+              "from the checkpoint's weights (a new cycle) instead of resuming it.";
+    refuse(text);
+  }
   std::vector<double> lrs;
   auto& param_groups = optimizer_->param_groups();
   for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -588,6 +597,7 @@ void OneCycleLR::load_own_state(const StateDict& state) {
     if (!phase.isGenericDict()) bad_state("_schedule_phases", "holds a " + std::string(phase.tagKind()) + ", not a phase");
     ends.push_back(double_entry(StateDict(phase.toGenericDict()), "end_step"));
   }
+  if (!made_total_steps_) made_total_steps_ = total_steps_;
   total_steps_ = total;
   for (std::size_t i = 0; i < ends.size(); ++i) phases_[i].end_step = ends[i];
 }

@@ -356,6 +356,14 @@ struct AutomaticReturningNothing : Module {
 struct ManualAsDataMember : Module {  // must be a compile-time constant to pick the loop
   bool automatic_optimization = false;
 };
+struct ManualStepAsDataMember : Module {
+  bool automatic_optimization = false;
+  void training_step(const Batch&, std::int64_t) {}
+  std::unique_ptr<Optimizer> configure_optimizers() { return nullptr; }
+};
+struct NoConfigureOptimizers : Module {
+  Tensor training_step(const Batch&, std::int64_t) { return {}; }
+};
 }  // namespace modules
 
 TEST_CASE("training_module: required steps, accepted return forms, near misses", "[concepts][module]") {
@@ -382,6 +390,49 @@ TEST_CASE("training_module: required steps, accepted return forms, near misses",
   STATIC_REQUIRE_FALSE(fulgur::detail::declares_constant_automatic_optimization<modules::ManualAsDataMember>);
   STATIC_REQUIRE(fulgur::detail::has_validation_step_for<modules::WithValidation, Batch, V>);
   STATIC_REQUIRE_FALSE(fulgur::detail::has_validation_step_for<modules::Good, Batch, V>);
+}
+
+TEST_CASE("training_module: the requirement a module misses first, for fit's and evaluation's one error",
+          "[concepts][module]") {
+  using modules::Batch;
+  using Missing = fulgur::detail::training_module_requirement;
+  constexpr auto first = []<class M, class B = Batch>(M*, B* = nullptr) {
+    return fulgur::detail::first_missing_training_module_requirement<M, fulgur::detail::module_vocabulary<V, B>>();
+  };
+  STATIC_REQUIRE(first(static_cast<modules::Good*>(nullptr)) == Missing::none);
+  STATIC_REQUIRE(first(static_cast<modules::Manual*>(nullptr)) == Missing::none);
+  STATIC_REQUIRE(first(static_cast<modules::ReturnsMemberReference*>(nullptr)) == Missing::none);  // fit's own error
+  STATIC_REQUIRE(first(static_cast<modules::NotAModule*>(nullptr)) == Missing::module_is_torch_module);
+  STATIC_REQUIRE(first(static_cast<modules::MisspeltStep*>(nullptr)) == Missing::module_has_training_step);
+  STATIC_REQUIRE(first(static_cast<modules::NoBatchIdx*>(nullptr)) == Missing::module_has_training_step);
+  STATIC_REQUIRE(first(static_cast<modules::ManualStepAsDataMember*>(nullptr)) ==
+                 Missing::module_declares_automatic_optimization_constant);
+  STATIC_REQUIRE(first(static_cast<modules::ReturnsInt*>(nullptr)) == Missing::module_training_step_returns_loss);
+  STATIC_REQUIRE(first(static_cast<modules::AutomaticReturningNothing*>(nullptr)) ==
+                 Missing::module_training_step_returns_loss);
+  STATIC_REQUIRE(first(static_cast<modules::NoConfigureOptimizers*>(nullptr)) == Missing::module_has_configure_optimizers);
+  STATIC_REQUIRE(first(static_cast<modules::RawOptimizerPointer*>(nullptr)) ==
+                 Missing::module_configure_optimizers_returns_optimizers);
+  // For the vocabulary's own batch type (fulgur::data::Batch, a TensorLoader's), the message that names it.
+  STATIC_REQUIRE(first(static_cast<modules::Good*>(nullptr), static_cast<stub::Batch*>(nullptr)) ==
+                 Missing::module_has_training_step_for_batch);
+  STATIC_REQUIRE(first(static_cast<modules::Good*>(nullptr), static_cast<modules::OtherBatch*>(nullptr)) ==
+                 Missing::module_has_training_step);
+  STATIC_REQUIRE(fulgur::assert_training_module<modules::Good, Batch, V>());
+
+  using Step = fulgur::detail::evaluation_step_requirement;
+  constexpr auto step = []<fulgur::Stage S, class M>(std::integral_constant<fulgur::Stage, S>, M*) {
+    return fulgur::detail::first_missing_evaluation_step_requirement<M, fulgur::detail::module_vocabulary<V, Batch, S>>();
+  };
+  using validate = std::integral_constant<fulgur::Stage, fulgur::Stage::validate>;
+  using test = std::integral_constant<fulgur::Stage, fulgur::Stage::test>;
+  using predict = std::integral_constant<fulgur::Stage, fulgur::Stage::predict>;
+  STATIC_REQUIRE(step(validate{}, static_cast<modules::WithValidation*>(nullptr)) == Step::none);
+  STATIC_REQUIRE(step(validate{}, static_cast<modules::Good*>(nullptr)) == Step::module_has_validation_step_to_validate);
+  STATIC_REQUIRE(step(test{}, static_cast<modules::WithValidation*>(nullptr)) == Step::module_has_test_step_to_test);
+  STATIC_REQUIRE(step(predict{}, static_cast<modules::WithValidation*>(nullptr)) ==
+                 Step::module_has_predict_step_to_predict);
+  STATIC_REQUIRE(step(test{}, static_cast<modules::NotAModule*>(nullptr)) == Step::module_is_torch_module);
 }
 
 namespace callback_probe {
@@ -417,7 +468,7 @@ struct Sealed final {
 };
 }  // namespace callback_probe
 
-TEST_CASE("callback: a type is one when a member bears a hook's name; a misspelt one is not", "[concepts][callback]") {
+TEST_CASE("callback: a type is one when a member bears a hook's name, a misspelt one is not", "[concepts][callback]") {
   using namespace callback_probe;
   STATIC_REQUIRE(fulgur::callback<OneHook>);
   STATIC_REQUIRE(fulgur::callback<TemplateHook>);

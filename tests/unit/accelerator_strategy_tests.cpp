@@ -9,7 +9,7 @@
 
 using namespace fulgur;
 
-TEST_CASE("the shipped policies satisfy the contracts; every shipped combination is compatible", "[concepts]") {
+TEST_CASE("the shipped policies satisfy the contracts, every shipped combination is compatible", "[concepts]") {
   STATIC_REQUIRE(accelerator<CPUAccelerator>);
   STATIC_REQUIRE(accelerator<CUDAAccelerator>);
   STATIC_REQUIRE(strategy<SingleDeviceStrategy>);
@@ -139,7 +139,7 @@ TEST_CASE("SingleDeviceStrategy: identity collectives, rank 0 of 1, one device",
   CHECK_THROWS_AS(test::CpuTrainer<FloatPrecision>(test::quiet({.devices = 2})), MisconfigurationError);
 }
 
-TEST_CASE("module state: Python's names and order; strict loading lists what is wrong", "[checkpoint]") {
+TEST_CASE("module state: Python's names and order, strict loading lists what is wrong", "[checkpoint]") {
   torch::nn::Sequential net(torch::nn::Linear(2, 3), torch::nn::BatchNorm1d(3));
   const auto state = checkpoint::module_state_dict(*net);
   std::vector<std::string> keys;

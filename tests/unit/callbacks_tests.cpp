@@ -262,9 +262,13 @@ TEST_CASE("LearningRateMonitor logs lr-SGD (and its momentum) at each epoch's st
     if (line.find(",0.9,") != std::string::npos) lrs.push_back(std::stod(line.substr(line.find(',') + 1)));
   CHECK((lrs == std::vector<double>{0.1, 0.05, 0.025}));
   CHECK(trainer.callback<LearningRateMonitor>().last_values().at("lr-SGD") == 0.025);
+  // Without a logger: a compile error (compile_fail.learning_rate_monitor_without_logger). Hidden in an
+  // AnyCallback, the type is not seen at compile time: refused when fit starts.
   Scripted plain;
-  CbTrainer<LearningRateMonitor> without_logger(test::quiet({.max_epochs = 1}));
+  std::vector<AnyCallback> hidden{AnyCallback(LearningRateMonitor())};
+  CbTrainer<std::vector<AnyCallback>> without_logger(test::quiet({.max_epochs = 1}), std::move(hidden));
   CHECK_THROWS_WITH(without_logger.fit(plain, loader(8)), Catch::Contains("Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger"));
+  STATIC_REQUIRE(needs_logger<LearningRateMonitor>());
 }
 
 TEST_CASE("Timer measures each stage and stops training at its duration", "[callbacks][timer]") {

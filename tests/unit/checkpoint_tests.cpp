@@ -557,7 +557,7 @@ TEST_CASE("weights-only checkpoints and save_checkpoint outside fit", "[checkpoi
              Catch::Contains("holds weights only"));
 }
 
-TEST_CASE("Python's torch.load(weights_only=True) reads a fulgur checkpoint; fulgur reads torch.save's", "[checkpoint][python]") {
+TEST_CASE("Python's torch.load(weights_only=True) reads a fulgur checkpoint, fulgur reads torch.save's", "[checkpoint][python]") {
   const std::string folder = scratch_folder("python");
   train<FP16MixedPrecision>(4, folder + "/py.ckpt", "", -1, 3);
   const std::string script = std::string(FULGUR_SOURCE_DIR) + "/tests/checkpoint/python_roundtrip.py";
@@ -653,6 +653,73 @@ TEST_CASE("ModelCheckpoint: every_n_train_steps without a monitor, top_k -1 and 
              Catch::Contains("Must be >= -1"));
   CHECK_THAT(test::message_of<MisconfigurationError>([] { ModelCheckpoint({.every_n_train_steps = 2, .every_n_epochs = 1}); }),
              Catch::Contains("mutually exclusive"));
+}
+
+namespace {
+/// The classifier, recording where its last training step was.
+struct TrackedNetImpl : test::ClassifierImpl {
+  std::int64_t last_epoch = -1, last_step = -1;
+  at::Tensor training_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+    last_epoch = ctx.current_epoch;
+    last_step = ctx.global_step;
+    return test::ClassifierImpl::training_step(b, i);
+  }
+};
+TORCH_MODULE(TrackedNet);
+}  // namespace
+
+TEST_CASE("ModelCheckpoint on a monitor nobody logs: Lightning's error once validation has run", "[checkpoint][model_checkpoint][errors]") {
+  // Found by the new-user probe: a misspelt monitor printed a line per epoch, saved nothing, and fit succeeded.
+  const std::string folder = scratch_folder("typo");
+  auto [x, y] = test::classification_data(32);
+  SECTION("with validation: a MisconfigurationError naming the key, the logged keys and ctx.log") {
+    TrackedNet net;
+    Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> trainer(
+        TrainerConfig{.max_epochs = 3, .enable_progress_bar = false},
+        ModelCheckpoint({.dirpath = folder, .monitor = "val_acc_typo"}));
+    const std::string message = test::message_of<MisconfigurationError>([&] {
+      trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 8}), data::TensorLoader(x, y, {.batch_size = 8}));
+    });
+    CHECK_THAT(message, Catch::Contains("`ModelCheckpoint(monitor='val_acc_typo')` could not find the monitored key in "
+                                        "the returned metrics: ['train_loss', 'val_loss', 'epoch', 'step']"));
+    CHECK_THAT(message, Catch::Contains("HINT: Did you call `ctx.log(\"val_acc_typo\", value)` in the module?"));
+    CHECK(net->last_epoch == 0);  // at the first epoch's save, not after the run
+    CHECK(files_in(folder).empty());
+  }
+  SECTION("before any validation (every_n_train_steps in the first epoch, or no validation at all): a warning, as Lightning") {
+    test::Classifier net;
+    Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> trainer(
+        TrainerConfig{.max_epochs = 2, .enable_progress_bar = false},
+        ModelCheckpoint({.dirpath = folder, .monitor = "val_acc_typo", .every_n_train_steps = 2}));
+    const FitResult result = trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 8}));
+    CHECK(result.global_step == 8);
+    CHECK(files_in(folder).empty());
+    // Once, and kept in FitResult::warnings (the new-user probe: it was printed only).
+    REQUIRE(result.warnings.size() == 1);
+    CHECK_THAT(result.warnings[0], Catch::Contains("could not find the monitored key"));
+  }
+  SECTION("the sanity check's validation does not count: the first real validation's save raises") {
+    TrackedNet net;
+    Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> trainer(
+        TrainerConfig{.max_epochs = 2, .num_sanity_val_steps = 2, .enable_progress_bar = false},
+        ModelCheckpoint({.dirpath = folder, .monitor = "val_acc_typo", .every_n_train_steps = 1}));
+    const std::string message = test::message_of<MisconfigurationError>([&] {
+      trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 8}), data::TensorLoader(x, y, {.batch_size = 8}));
+    });
+    CHECK_THAT(message, Catch::Contains("could not find the monitored key"));
+    // Epoch 0's four saves warned; the first after epoch 0's validation (the fifth batch, global_step 4 in its
+    // training_step) raised.
+    CHECK(net->last_epoch == 1);
+    CHECK(net->last_step == 4);
+  }
+  SECTION("'epoch' and 'step' are monitor candidates, as in Lightning") {
+    test::Classifier net;
+    Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> trainer(
+        TrainerConfig{.max_epochs = 2, .enable_progress_bar = false},
+        ModelCheckpoint({.dirpath = folder, .monitor = "step", .mode = MonitorMode::max}));
+    trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 8}), data::TensorLoader(x, y, {.batch_size = 8}));
+    CHECK(files_in(folder) == std::vector<std::string>{"epoch=1-step=8.ckpt"});
+  }
 }
 
 TEST_CASE("fit(..., {.ckpt_path = \"last\"}) resumes from ModelCheckpoint's last.ckpt", "[checkpoint][model_checkpoint]") {

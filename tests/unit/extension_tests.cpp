@@ -107,7 +107,7 @@ TEST_CASE("a strategy that derives from nothing satisfies the concept and trains
   CHECK(trainer.fit(model, loader(64), loader(32)).epochs.back().val_loss.has_value());
 }
 
-TEST_CASE("accelerators from the defaults base: the host trains; a device the machine lacks is named", "[extension]") {
+TEST_CASE("accelerators from the defaults base: the host trains, a device the machine lacks is named", "[extension]") {
   STATIC_REQUIRE(accelerator<HostAccelerator>);
   STATIC_REQUIRE(accelerator<XPUAccelerator>);
   CHECK(HostAccelerator::is_available());

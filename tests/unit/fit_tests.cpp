@@ -190,7 +190,7 @@ TEST_CASE("dtype flow in fit: inputs converted, targets kept, contexts open only
   CHECK(c10::get_default_dtype_as_scalartype() == at::kFloat);
 }
 
-TEST_CASE("positions reach the steps; logged values reach the result", "[trainer][hooks]") {
+TEST_CASE("positions reach the steps, logged values reach the result", "[trainer][hooks]") {
   FitResult result;
   auto spy = run_spy<FloatPrecision>({.max_epochs = 2}, &result);
   // val batches of 16, 16 and 8: the weighted mean of the logged batch sizes is (16*16*2 + 8*8) / 40
@@ -289,7 +289,7 @@ struct LrProbeImpl : OverflowImpl {
 TORCH_MODULE(LrProbe);
 }  // namespace
 
-TEST_CASE("scheduler: step interval skips AMP-skipped steps; epoch interval steps once per epoch", "[trainer][scheduler]") {
+TEST_CASE("scheduler: step interval skips AMP-skipped steps, epoch interval steps once per epoch", "[trainer][scheduler]") {
   auto [x, y] = test::classification_data(48);
   data::TensorLoader train(x, y, {.batch_size = 8});
   {
@@ -447,6 +447,30 @@ TEST_CASE("bad input: an empty loader, no parameters, no optimizer, a non-scalar
   CHECK_THROWS_AS(test::CpuTrainer<FloatPrecision>(test::quiet({.accumulate_grad_batches = 0})), MisconfigurationError);
 }
 
+TEST_CASE("bad input: BatchNorm over a last batch of one sample advises drop_last, not dtype/shape/device",
+          "[trainer][errors]") {
+  // Found by the new-user probe: 33 samples in batches of 8 leave one; the old advice was about dtypes.
+  struct NormedImpl : test::ClassifierImpl {
+    NormedImpl() : norm(register_module("norm", torch::nn::BatchNorm1d(8))) {}
+    at::Tensor training_step(const data::Batch& b, std::int64_t) {
+      return torch::nn::functional::cross_entropy(forward(norm(b.input)), b.target);
+    }
+    torch::nn::BatchNorm1d norm;
+  };
+  auto [x, y] = test::classification_data(33);
+  test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+  auto model = std::make_shared<NormedImpl>();
+  const auto message =
+      test::message_of<StepError>([&] { trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 8})); });
+  CHECK_THAT(message, Catch::StartsWith("fulgur: training_step at epoch 0, batch 4 (global_step 4) failed"));
+  CHECK_THAT(message, Catch::Contains("Expected more than 1 value per channel when training"));
+  CHECK_THAT(message, Catch::Contains("input float32[1, 8] on cpu"));
+  CHECK_THAT(message, Catch::Contains("drop_last = true on the loader (fulgur::data::TensorLoaderOptions::drop_last)"));
+  CHECK_THAT(message, !Catch::Contains("dtype, shape and device"));
+  // The advice works.
+  CHECK(trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 8, .drop_last = true})).global_step == 4);
+}
+
 TEST_CASE("bad input: a non-finite loss under 32-true stops the run and names the batch", "[trainer][errors]") {
   auto [x, y] = test::classification_data(64);
   x[37][2] = std::numeric_limits<float>::quiet_NaN();  // sample 37 is in batch 4 (batch_size 8)
@@ -475,7 +499,7 @@ TEST_CASE("bad input: a non-finite loss under 32-true stops the run and names th
   }
 }
 
-TEST_CASE("dispatch: run-time strings pick the compiled Trainer type; a wrong choice lists the valid ones",
+TEST_CASE("dispatch: run-time strings pick the compiled Trainer type, a wrong choice lists the valid ones",
           "[dispatch]") {
   auto name_of = [](auto trainer_type) { return decltype(trainer_type)::type::combination_name(); };
   CHECK(dispatch("cpu", "single_device", "bf16-mixed", name_of) == "cpu/single_device/bf16-mixed");
@@ -484,15 +508,66 @@ TEST_CASE("dispatch: run-time strings pick the compiled Trainer type; a wrong ch
   int calls = 0;
   dispatch("cpu", "single_device", "32-true", [&](auto) { ++calls; });
   CHECK(calls == 1);
-  const auto message = test::message_of<MisconfigurationError>(
-      [&] { dispatch("cpu", "fsdp", "32-true", name_of); });
+  // A valid name on each axis, a combination not compiled: named, with the valid ones.
+  constexpr auto two = boost::hana::tuple_t<test::CpuTrainer<FloatPrecision>,
+                                            Trainer<CPUAccelerator, DDPStrategy, BF16MixedPrecision>>;
+  const auto message = test::message_of<MisconfigurationError>([&] { dispatch("cpu", "ddp", "32-true", name_of, two); });
   CHECK_THAT(message, Catch::StartsWith("fulgur::dispatch: no compiled combination is accelerator='cpu', "
-                                        "strategy='fsdp', precision='32-true'."));
-  CHECK_THAT(message, Catch::Contains("cpu/single_device/16-mixed") && Catch::Contains("cuda/single_device/bf16-true"));
+                                        "strategy='ddp', precision='32-true': this program did not compile it"));
+  CHECK_THAT(message, Catch::EndsWith("are: cpu/single_device/32-true, cpu/ddp/bf16-mixed."));
   // Every shipped triple is compatible (Auto picks Gloo or NCCL by device): nothing is filtered out.
   constexpr auto count = [](auto list) { return decltype(boost::hana::length(list))::value; };
   STATIC_REQUIRE(count(shipped_trainers) ==
                  count(shipped_accelerators) * count(shipped_strategies) * count(shipped_precisions));
   CHECK(dispatch("cpu", "ddp", "bf16-mixed", name_of) == "cpu/ddp/bf16-mixed");
+}
+
+TEST_CASE("dispatch: the sharded strategies, 'auto' on each axis, and errors that name the wrong axis (probe)",
+          "[dispatch]") {
+  // Found by the new-user probe: "fsdp" and "auto" were unknown, and a misspelt name listed all 24 combinations.
+  auto name_of = [](auto trainer_type) { return decltype(trainer_type)::type::combination_name(); };
+  constexpr auto sharded = compatible_trainers(boost::hana::tuple_t<CPUAccelerator>, shipped_sharded_strategies,
+                                               boost::hana::tuple_t<FloatPrecision, DoublePrecision, BF16MixedPrecision>);
+  CHECK(dispatch("cpu", "deepspeed_stage_1", "32-true", name_of, sharded) == "cpu/deepspeed_stage_1/32-true");
+  CHECK(dispatch("cpu", "deepspeed_stage_2", "bf16", name_of, sharded) == "cpu/deepspeed_stage_2/bf16-mixed");
+  CHECK(dispatch("cpu", "fsdp", "32-true", name_of, sharded) == "cpu/fsdp/32-true");
+  CHECK(dispatch("cpu", "deepspeed_stage_3", "32-true", name_of, sharded) == "cpu/fsdp/32-true");  // the same stage
+  // Valid names whose combination is not compiled because it is incompatible: the rule is named.
+  constexpr auto nccl = compatible_trainers(shipped_accelerators,
+                                            boost::hana::tuple_t<SingleDeviceStrategy, BasicDDPStrategy<backend::NCCL>>,
+                                            boost::hana::tuple_t<FloatPrecision>);
+  const auto rule = test::message_of<MisconfigurationError>([&] { dispatch("cpu", "ddp", "32-true", name_of, nccl); });
+  CHECK_THAT(rule, Catch::StartsWith("fulgur::dispatch: no compiled combination is accelerator='cpu', strategy='ddp', "
+                                     "precision='32-true': " FULGUR_MSG_STRATEGY_ACCELERATOR));
+  CHECK_THAT(rule, Catch::EndsWith("are: cpu/single_device/32-true, cuda/single_device/32-true, cuda/ddp/32-true."));
+  // A shipped strategy the program did not compile: which axis, what it compiled, how to add it.
+  const auto not_compiled = test::message_of<MisconfigurationError>([&] { dispatch("cpu", "fsdp", "32-true", name_of); });
+  CHECK(not_compiled ==
+        "fulgur::dispatch: strategy 'fsdp' is not among the combinations this program compiled; the strategy names it "
+        "takes are 'single_device', 'ddp' (also 'deepspeed_stage_3' for 'fsdp', and 'auto'). Add its policy to the "
+        "Trainer types given to dispatch (the sharded strategies are fulgur::shipped_sharded_strategies).");
+  // A misspelt name: that axis and its names only, not every combination.
+  const auto misspelt = test::message_of<MisconfigurationError>([&] { dispatch("cpu", "fdsp", "32-true", name_of); });
+  CHECK_THAT(misspelt, Catch::StartsWith("fulgur::dispatch: strategy 'fdsp' is unknown; the strategy names it takes are "
+                                         "'single_device', 'ddp'"));
+  CHECK_THAT(misspelt, !Catch::Contains("cpu/single_device/16-mixed") && !Catch::Contains("accelerator"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { dispatch("tpu", "ddp", "32-true", name_of); }),
+             Catch::StartsWith("fulgur::dispatch: accelerator 'tpu' is unknown; the accelerator names it takes are "
+                               "'cpu', 'cuda' (also 'gpu' for 'cuda', and 'auto')."));
+  const auto precision = test::message_of<MisconfigurationError>([&] { dispatch("cpu", "ddp", "fp8", name_of); });
+  CHECK_THAT(precision, Catch::StartsWith("fulgur::dispatch: precision 'fp8' is unknown; the precision names it takes "
+                                          "are '32-true', '64-true', '16-mixed', 'bf16-mixed', '16-true', 'bf16-true'"));
+  CHECK_THAT(precision, !Catch::Contains("strategy '"));
+  // 'auto', as Lightning's connector: the accelerator by availability, the strategy by process count,
+  // the precision '32-true'.
+  const std::string best = CUDAAccelerator::is_available() ? "cuda" : "cpu";
+  CHECK(dispatch("auto", "auto", "auto", name_of) == best + "/single_device/32-true");
+  // A list without CUDA: 'auto' is the CPU on any machine.
+  CHECK(dispatch("auto", "single_device", "bf16-mixed", name_of, cpu_trainers) == "cpu/single_device/bf16-mixed");
+  CHECK(dispatch("cpu", "auto", "32-true", name_of, shipped_trainers, TrainerConfig{.devices = 2}) == "cpu/ddp/32-true");
+  CHECK(dispatch("cpu", "auto", "32-true", name_of, shipped_trainers, TrainerConfig{.devices = "3"}) == "cpu/ddp/32-true");
+  CHECK(dispatch("cpu", "auto", "32-true", name_of, shipped_trainers, TrainerConfig{.num_nodes = 2}) == "cpu/ddp/32-true");
+  CHECK(dispatch("cpu", "auto", "32-true", name_of, shipped_trainers, TrainerConfig{.devices = -1}) ==
+        "cpu/single_device/32-true");  // all the CPU's devices: one
 }
 

@@ -57,6 +57,33 @@ TEST_CASE("config: a value that cannot work names the field and the fix when the
         }) == "TrainerConfig::num_nodes must be >= 1, got 0.");
 }
 
+TEST_CASE("config: devices = -1 is all devices on every accelerator, preemption.exit_code 0 is refused (probe)",
+          "[loops][config]") {
+  // Found by the new-user probe: TrainerConfig's check offered -1 ("for all") and CPUAccelerator refused it.
+  CHECK(CPUAccelerator::parse_devices(-1) == std::vector<int>{0});
+  CHECK(CPUAccelerator::parse_devices("-1") == std::vector<int>{0});
+  auto train = loader(16);
+  Probe model;
+  CHECK(CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1, .devices = -1})).fit(model, train).global_step == 2);
+  CHECK(CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1, .devices = "-1"})).fit(model, train).global_step == 2);
+  // What the check offers for 0 is what the accelerator takes.
+  const auto zero = test::message_of<MisconfigurationError>([] { CpuTrainer<FloatPrecision> t(test::quiet({.devices = 0})); });
+  CHECK_THAT(zero, Catch::Contains("-1 for all"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([] { CPUAccelerator::parse_devices(-2); }),
+             Catch::StartsWith("`devices` selected with `CPUAccelerator` should be an int > 0 (or -1 for all, which on "
+                               "the CPU is 1 process), got -2."));
+  // exit_code 0 says "succeeded": a preempted job would never be requeued. Named with the usual value.
+  auto refused = [](int code) {
+    return test::message_of<MisconfigurationError>(
+        [&] { CpuTrainer<FloatPrecision> trainer(test::quiet({.preemption = {.exit_code = code}})); });
+  };
+  CHECK_THAT(refused(0), Catch::StartsWith("TrainerConfig::preemption.exit_code must lie in [1, 255] and not mean success"));
+  CHECK_THAT(refused(0), Catch::Contains("keep the default 75 (EX_TEMPFAIL") && Catch::EndsWith("got 0."));
+  CHECK_THAT(refused(256), Catch::EndsWith("got 256."));  // the exit status is 256 % 256 = 0
+  CHECK_THAT(refused(-1), Catch::EndsWith("got -1."));
+  CHECK_NOTHROW(CpuTrainer<FloatPrecision>(test::quiet({.preemption = {.exit_code = 143}})));
+}
+
 TEST_CASE("limits: counts and fractions of the batches, as Lightning computes them", "[loops][limits]") {
   auto train = loader(64);  // 8 batches
   Probe model;
@@ -97,7 +124,7 @@ TEST_CASE("validation placement: fractions, counts, across epochs, every n epoch
                                "batches (8)."));
 }
 
-TEST_CASE("stopping: should_stop honours min_epochs; max_time stops at a batch; the reason is given", "[loops][stop]") {
+TEST_CASE("stopping: should_stop honours min_epochs, max_time stops at a batch, the reason is given", "[loops][stop]") {
   auto train = loader(64);
   {
     Probe model;
@@ -334,7 +361,7 @@ struct PlateauImpl : test::ClassifierImpl {
 TORCH_MODULE(Plateau);
 }  // namespace
 
-TEST_CASE("ReduceLROnPlateau steps on its monitored metric; a metric never logged is named", "[loops][scheduler]") {
+TEST_CASE("ReduceLROnPlateau steps on its monitored metric, a metric never logged is named", "[loops][scheduler]") {
   auto train = loader(32);
   auto val = loader(16);
   {
@@ -499,7 +526,7 @@ TEST_CASE("a module in eval mode at the start of training is reported", "[loops]
 
 // ---- devices: tensors and modules created on the root device ---------------------------------------
 
-TEST_CASE("DefaultDeviceGuard: factories without a device go to the guard's device; nothing else changes",
+TEST_CASE("DefaultDeviceGuard: factories without a device go to the guard's device, nothing else changes",
           "[loops][device]") {
   const auto cpu = torch::ones({2});
   {
@@ -601,7 +628,7 @@ TEST_CASE("probe: validate's metrics are the run's epoch values, without _step v
   CHECK(r.metrics.count("val_loss") == 1);
 }
 
-TEST_CASE("probe: a NaN validation loss in the sanity check is kept too; empty validation data is named",
+TEST_CASE("probe: a NaN validation loss in the sanity check is kept too, empty validation data is named",
           "[loops][regression]") {
   struct NaNValidationImpl : test::ClassifierImpl {
     at::Tensor validation_step(const data::Batch&, std::int64_t) { return torch::full({}, std::nan("")); }
@@ -674,7 +701,7 @@ TEST_CASE("review: a new run's set-up makes the loss scaler forget an interrupte
   CHECK(precision.scaler().get_scale() == 65536.0);  // the scale itself is kept
 }
 
-TEST_CASE("min_steps holds a stop request back; save and load resolve relative paths under default_root_dir",
+TEST_CASE("min_steps holds a stop request back, save and load resolve relative paths under default_root_dir",
           "[loops][stop]") {
   {
     Probe model;

@@ -171,7 +171,7 @@ TEST_CASE("A scheduler's state_dict resumes the schedule mid-run, with the optim
   }
 }
 
-TEST_CASE("LibTorch's StepLR decays one epoch late; fulgur::optim::StepLR as Python", "[scheduler]") {
+TEST_CASE("LibTorch's StepLR decays one epoch late, fulgur::optim::StepLR as Python", "[scheduler]") {
   auto libtorch_optimizer = make_optimizer(false), fulgur_optimizer = make_optimizer(false);
   torch::optim::StepLR libtorch(*libtorch_optimizer, 2, 0.5);
   optim::StepLR exact(*fulgur_optimizer, 2, 0.5);
@@ -302,4 +302,45 @@ TEST_CASE("fit resumed from a checkpoint continues a fulgur::optim schedule exac
   const std::vector<double> resumed = run(3, dir + "/two_epochs.ckpt", "");
   REQUIRE(resumed.size() == 4);
   CHECK(std::vector<double>(straight.begin() + 8, straight.end()) == resumed);
+}
+
+TEST_CASE("OneCycleLR resumed into a longer run: the error says the total came from the checkpoint (probe)",
+          "[scheduler][fit][checkpoint][errors]") {
+  // Found by the new-user probe: a run of 2 epochs, resumed with max_epochs 4 and a OneCycleLR made for 4 epochs,
+  // failed in epoch 3 with Python's bare "Tried to step 9 times": the checkpoint had restored total_steps 8.
+  struct CycleImpl : test::ClassifierImpl {
+    explicit CycleImpl(std::int64_t epochs) : epochs(epochs) {}
+    OptimizerConfig configure_optimizers() {
+      auto sgd = std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      auto cycle = std::make_unique<optim::OneCycleLR>(*sgd, 0.5,
+                                                       optim::OneCycleOptions{.epochs = epochs, .steps_per_epoch = 4});
+      return {std::move(sgd), std::move(cycle), SchedulerInterval::step};
+    }
+    std::int64_t epochs;
+  };
+  const auto [x, y] = test::classification_data(64);
+  const std::string dir = test::temporary_directory("one_cycle_longer");
+  {
+    test::CpuTrainer<FloatPrecision> first(test::quiet({.max_epochs = 2, .default_root_dir = dir}));
+    auto model = std::make_shared<CycleImpl>(2);  // alive until save_checkpoint, which reads it
+    first.fit(model, data::TensorLoader(x, y, {.batch_size = 16}));
+    first.save_checkpoint(dir + "/two.ckpt");
+  }
+  test::CpuTrainer<FloatPrecision> longer(test::quiet({.max_epochs = 4, .default_root_dir = dir}));
+  const std::string message = test::message_of<MisconfigurationError>([&] {
+    longer.fit(std::make_shared<CycleImpl>(4), data::TensorLoader(x, y, {.batch_size = 16}),
+               FitOptions{.ckpt_path = dir + "/two.ckpt"});
+  });
+  CHECK_THAT(message, Catch::StartsWith("OneCycleLR: tried to step 9 times. The specified number of total steps is 8. "
+                                        "That total_steps (or epochs * steps_per_epoch) came from the checkpoint the "
+                                        "run resumed from"));
+  CHECK_THAT(message, Catch::Contains("the total this OneCycleLR was made with (16) was replaced by the first run's"));
+  CHECK_THAT(message, Catch::Contains("make the OneCycleLR for the longer run's total from the first run on"));
+  // Without a loaded state, Python's text alone: nothing came from a checkpoint.
+  auto o = std::make_unique<torch::optim::SGD>(test::Classifier()->parameters(), torch::optim::SGDOptions(0.1));
+  optim::OneCycleLR fresh(*o, 0.1, {.total_steps = 2});
+  fresh.step();
+  fresh.step();
+  CHECK(test::message_of<MisconfigurationError>([&] { fresh.step(); }) ==
+        "OneCycleLR: tried to step 3 times. The specified number of total steps is 2.");
 }

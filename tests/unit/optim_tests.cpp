@@ -388,7 +388,7 @@ TEST_CASE("Fused optimizers refuse a loaded state of other shapes, and convert a
   CHECK(wide.isfinite().all().item<bool>());
 }
 
-TEST_CASE("Fused optimizers check every parameter when made; amsgrad may be turned on mid-run", "[optim][errors]") {
+TEST_CASE("Fused optimizers check every parameter when made, amsgrad may be turned on mid-run", "[optim][errors]") {
   auto whole = torch::ones({2}, at::kLong);
   CHECK_THAT(test::message_of<MisconfigurationError>([&] { optim::FusedAdam({whole}); }),
              Catch::Contains("FusedAdam runs on floating-point tensors on the CPU or a CUDA device; a parameter is Long"));
@@ -399,4 +399,29 @@ TEST_CASE("Fused optimizers check every parameter when made; amsgrad may be turn
   static_cast<torch::optim::AdamOptions&>(adam.param_groups()[0].options()).amsgrad(true);
   adam.step();
   CHECK(state_tensor(adam, p, "max_exp_avg_sq").defined());
+}
+
+TEST_CASE("Fused optimizers over no parameters are refused when made, as Python's optimizers are", "[optim][errors]") {
+  // Found by the new-user probe: an optimizer over nothing (a module whose layers were not registered yet)
+  // was made, and fit trained nothing.
+  const std::vector<at::Tensor> none;
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { optim::FusedAdam made(none); }),
+             Catch::Contains("fulgur: FusedAdam got an empty parameter list; pass it the tensors to optimize"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { optim::FusedAdamW(none, torch::optim::AdamWOptions(1e-3)); }),
+             Catch::Contains("fulgur: FusedAdamW got an empty parameter list"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { optim::FusedSGD(none, torch::optim::SGDOptions(0.1)); }),
+             Catch::Contains("fulgur: FusedSGD got an empty parameter list"));
+  // Param groups, all empty: nothing to optimize either. Zero groups too.
+  const std::vector<torch::optim::OptimizerParamGroup> empty_groups{torch::optim::OptimizerParamGroup(none),
+                                                                    torch::optim::OptimizerParamGroup(none)};
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { optim::FusedAdamW made(empty_groups); }),
+             Catch::Contains("FusedAdamW got an empty parameter list"));
+  CHECK_THAT(test::message_of<MisconfigurationError>(
+                 [&] { optim::FusedSGD(std::vector<torch::optim::OptimizerParamGroup>{}, torch::optim::SGDOptions(0.1)); }),
+             Catch::Contains("FusedSGD got an empty parameter list"));
+  // One group with parameters is enough.
+  auto p = torch::ones({2}).requires_grad_(true);
+  const std::vector<torch::optim::OptimizerParamGroup> one_full{torch::optim::OptimizerParamGroup(none),
+                                                                torch::optim::OptimizerParamGroup({p})};
+  CHECK_NOTHROW(optim::FusedAdam(one_full, torch::optim::AdamOptions(1e-3)));
 }

@@ -192,7 +192,7 @@ TEST_CASE("autocast numerics equal Python torch.autocast('cpu') bit for bit", "[
   }
 }
 
-TEST_CASE("16-mixed scales the loss in backward and skips steps on inf; 32-true always steps", "[precision][scaler]") {
+TEST_CASE("16-mixed scales the loss in backward and skips steps on inf, 32-true always steps", "[precision][scaler]") {
   torch::nn::Linear lin(3, 1);
   torch::optim::SGD opt(lin->parameters(), 0.1);
   FP16MixedPrecision mixed(at::kCPU);
@@ -265,7 +265,7 @@ std::vector<c10::ScalarType> regression_target_dtypes() {
 // Lightning's Double/HalfPrecision.convert_input convert the whole batch: a regression with a
 // float32 target trains under "-true" (before, fit passed the target on as float32 and the loss
 // failed with "Found dtype Float but expected Double"). Mixed precision leaves targets alone.
-TEST_CASE("'-true' precisions convert regression targets with the inputs; mixed ones do not", "[precision][dtype]") {
+TEST_CASE("'-true' precisions convert regression targets with the inputs, mixed ones do not", "[precision][dtype]") {
   using V = std::vector<c10::ScalarType>;
   CHECK(regression_target_dtypes<DoublePrecision>() == V{at::kDouble, at::kDouble});
   CHECK(regression_target_dtypes<BF16TruePrecision>() == V{at::kBFloat16, at::kBFloat16});

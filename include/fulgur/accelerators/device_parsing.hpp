@@ -6,7 +6,7 @@
 
 namespace fulgur::detail {
 
-/// CPU: an int > 0 (or its decimal string, or "auto" = 1) -> that many process slots.
+/// CPU: an int > 0 (or its decimal string) -> that many process slots; -1 or "auto" -> all, which is 1.
 std::vector<int> parse_cpu_devices(int devices);
 std::vector<int> parse_cpu_devices(std::string_view devices);
 

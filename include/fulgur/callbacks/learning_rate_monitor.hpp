@@ -22,6 +22,10 @@ struct LearningRateMonitorOptions {
 
 class LearningRateMonitor {
  public:
+  /// A Trainer without a logger refuses it at compile time (concepts/callback.hpp, assert_loggers_for);
+  /// inside an AnyCallback it is refused when fit starts.
+  static constexpr bool needs_logger = true;
+
   explicit LearningRateMonitor(LearningRateMonitorOptions options = {}) : options_(options) {}
 
   void on_train_start(TrainerView& trainer);

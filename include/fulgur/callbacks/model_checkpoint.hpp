@@ -77,6 +77,7 @@ class ModelCheckpoint {
   void save_last(TrainerView& trainer);
   std::string unique_path(TrainerView& trainer, const std::string& name, const std::string& previous) const;
   bool better(double a, double b) const;
+  std::optional<double> monitored(const TrainerView& trainer) const;  ///< the monitor's value, epoch and step included
 
   ModelCheckpointOptions options_;
   std::string dirpath_;
@@ -85,6 +86,8 @@ class ModelCheckpoint {
   std::optional<double> best_model_score_, current_score_;
   std::int64_t last_global_step_saved_ = -1;
   std::chrono::steady_clock::time_point last_time_check_{};
+  bool validation_has_run_ = false;  ///< Lightning's val_loop._has_run: a monitor missing after it is an error
+  bool warned_missing_monitor_ = false;
 };
 
 }  // namespace fulgur

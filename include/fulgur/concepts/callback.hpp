@@ -7,6 +7,7 @@
 // instead of being silently never called. A member with a hook's name that cannot be called with
 // that hook's arguments is a separate error, raised where the hook is called (hooks.hpp).
 #include <concepts>
+#include <cstdlib>
 #include <type_traits>
 #include <vector>
 
@@ -67,6 +68,57 @@ constexpr bool assert_callback() {
                 "fulgur calls on callbacks, and no log_metrics: misspelt? docs/callbacks.md lists every hook with "
                 "its signature.");
   return true;  // the static_assert above is the one error
+}
+
+/// The callback a Trainer makes itself when it is built without callback arguments (Trainer(config)):
+/// one error, not a page of constructor overloads, for a callback that needs arguments (EarlyStopping:
+/// its monitor).
+template <class C>
+C default_callback() {
+  constexpr bool default_constructible = std::default_initializable<C>;  // (a bool: no page of concept notes)
+  static_assert(default_constructible,
+                "fulgur: a callback among the Trainer's template arguments (the `C = ...` of this error's context) "
+                "has no default constructor, so Trainer(config) cannot make it: pass it to the constructor: "
+                "Trainer(config, callbacks...), e.g. Trainer<A, S, P, EarlyStopping>(config, "
+                "EarlyStopping({.monitor = \"val_loss\"})).");
+  if constexpr (default_constructible)
+    return C{};
+  else
+    std::abort();  // never compiled into a program: the static_assert above stopped the build
+}
+
+/// A callback that only works with a logger declares `static constexpr bool needs_logger = true;`
+/// (LearningRateMonitor: it sends its values to the loggers).
+template <class T>
+constexpr bool needs_logger() {
+  if constexpr (requires { T::needs_logger; })
+    return static_cast<bool>(T::needs_logger);
+  else
+    return false;
+}
+
+namespace detail {
+template <class T>
+struct element_of {
+  using type = T;
+};
+template <class T, class A>
+struct element_of<std::vector<T, A>> {  // a std::vector of callbacks: its element type
+  using type = T;
+};
+}  // namespace detail
+
+/// One error when a callback of the Trainer needs a logger and none of its arguments is one
+/// (Lightning raises it when fit starts; the callback list is a type list, so here it is a compile
+/// error). A callback inside an AnyCallback is not seen: its own run-time check stays.
+template <class... Callbacks>
+constexpr bool assert_loggers_for() {
+  constexpr bool has_loggers = (logger<typename detail::element_of<Callbacks>::type> || ...);
+  static_assert(has_loggers || !(needs_logger<typename detail::element_of<Callbacks>::type>() || ...),
+                "Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger. (fulgur: add a logger "
+                "to the Trainer's arguments, e.g. fulgur::CSVLogger or fulgur::TensorBoardLogger; the same holds "
+                "for any callback that declares `static constexpr bool needs_logger = true;`.)");
+  return true;
 }
 
 /// Whether a callback runs its on_train_epoch_end after the module's (Lightning runs EarlyStopping

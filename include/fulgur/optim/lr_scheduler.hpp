@@ -220,6 +220,7 @@ class OneCycleLR : public LRScheduler {
   void load_own_state(const StateDict& state) override;
   double anneal(double start, double end, double pct) const;
   std::int64_t total_steps_;
+  std::optional<std::int64_t> made_total_steps_{};  ///< set when a loaded state replaced total_steps_: the one made with
   std::vector<Phase> phases_;
   OneCycleOptions::Anneal anneal_;
   bool cycle_momentum_, use_beta1_ = false;

@@ -1,0 +1,16 @@
+// LearningRateMonitor sends its values to the loggers: a Trainer with none refuses it with
+// Lightning's sentence, at compile time (the callbacks are a type list). The twin adds a CSVLogger.
+#include <fulgur/fulgur.hpp>
+
+void make() {
+#ifdef FULGUR_COMPILE_FAIL
+  fulgur::Trainer<fulgur::CPUAccelerator, fulgur::SingleDeviceStrategy, fulgur::FloatPrecision,
+                  fulgur::LearningRateMonitor>
+      trainer(fulgur::TrainerConfig{.max_epochs = 3});
+#else
+  fulgur::Trainer<fulgur::CPUAccelerator, fulgur::SingleDeviceStrategy, fulgur::FloatPrecision,
+                  fulgur::LearningRateMonitor, fulgur::CSVLogger>
+      trainer(fulgur::TrainerConfig{.max_epochs = 3});
+#endif
+  (void)trainer;
+}
