@@ -20,6 +20,10 @@ std::string dtype_name(c10::ScalarType dtype) {
   }
 }
 
+std::string describe_batch(const data::Batch& batch) {
+  return "input " + describe_tensor(batch.input) + ", target " + describe_tensor(batch.target);
+}
+
 std::string describe_tensor(const at::Tensor& t) {
   if (!t.defined()) return "undefined tensor";
   std::string shape = "[";

@@ -134,6 +134,24 @@ void MetricCollection::collect_epoch_logged(Metrics& out) const {
     if (e.on_epoch && e.options.logger && e.computed.defined()) out[e.epoch_key] = e.computed.item<double>();
 }
 
+void MetricCollection::publish_epoch(MetricViews& views,
+                                     c10::function_ref<at::Tensor(const at::Tensor&, ReduceOp)> all_reduce) {
+  for (auto& e : entries_) {  // every rank holds the same entries in the same order: collectives line up
+    if (!e.on_epoch || !e.accumulated.defined()) continue;
+    if (!e.computed.defined()) {
+      at::Tensor value = e.accumulated.clone();
+      at::Tensor weight = at::scalar_tensor(e.weight, value.options());
+      if (e.options.sync_dist) {
+        const ReduceOp op = e.options.reduce == ReduceOp::mean ? ReduceOp::sum : e.options.reduce;
+        value = all_reduce(value, op);
+        if (e.options.reduce == ReduceOp::mean) weight = all_reduce(weight, ReduceOp::sum);
+      }
+      e.computed = e.options.reduce == ReduceOp::mean ? value / weight : value;
+    }
+    publish(views, e, e.computed, /*on_step=*/false);
+  }
+}
+
 void MetricCollection::publish_step(MetricViews& views) {
   for (auto& e : entries_) {
     if (!e.on_step || !e.step_value.defined()) continue;

@@ -29,6 +29,10 @@
 #include <fulgur/fulgur.hpp>
 #include <torch/torch.h>
 
+// The hand-written DDP loop borrows libfulgur's process group and launcher (internals, not public API).
+#include "src/distributed/launcher.hpp"
+#include "src/distributed/process_group.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "fulgur/concepts/callback.hpp"
+#include "fulgur/concepts/requirements.hpp"
 #include "fulgur/metrics.hpp"
 #include "fulgur/stage.hpp"
 #include "fulgur/step_context.hpp"
@@ -37,16 +38,16 @@ struct absent {};
 
 
 // The module's side of a hook: tried with Lightning's arguments (and a trailing StepContext&), then
-// without them.
+// without them — only when the module has a member of the hook's name at all (a concept conjunction
+// stops there), so that the hooks a module leaves out cost one name lookup each, not four overload
+// resolutions: most of what `fit` costs to compile in a user's program is hooks it does not define.
 #define FULGUR_DETAIL_HOOK_MODULE_PART(hook_name, scope)                                                       \
   static constexpr std::string_view name = #hook_name;                                                         \
   static constexpr detail::LogScope log_scope = detail::LogScope::scope;                                       \
   template <class M, class... Args>                                                                            \
-  static constexpr bool defined_for = requires(M& m, StepContext& ctx, Args&... args) {                        \
-    m.hook_name(args..., ctx);                                                                                 \
-  } || requires(M& m, Args&... args) { m.hook_name(args...); } || requires(M& m, StepContext& ctx) {          \
-    m.hook_name(ctx);                                                                                          \
-  } || requires(M& m) { m.hook_name(); };                                                                      \
+  static constexpr bool defined_for = hook_name##_module_defines<M, Args...>;                                  \
+  template <class M>                                                                                           \
+  static constexpr bool named_in = hook_name##_named<M>;                                                       \
   template <class M, class... Args>                                                                            \
   static decltype(auto) call(M& m, StepContext& ctx, Args&&... args) {                                         \
     if constexpr (requires { m.hook_name(args..., ctx); })                                                     \
@@ -66,7 +67,29 @@ struct absent {};
   }
 
 // A hook only the module has (the steps, the data hooks, the model-mode hooks).
+#define FULGUR_DETAIL_HOOK_CONCEPTS(hook_name)                                                                 \
+  namespace probes { FULGUR_DETAIL_MEMBER_PROBE(hook_name) }                                                   \
+  template <class M>                                                                                           \
+  concept hook_name##_named = std::is_final_v<M> || probes::has_member_##hook_name<M>();                       \
+  template <class M, class... Args>                                                                            \
+  concept hook_name##_callable = requires(M& m, StepContext& ctx, Args&... args) {                             \
+    m.hook_name(args..., ctx);                                                                                 \
+  } || requires(M& m, Args&... args) { m.hook_name(args...); } || requires(M& m, StepContext& ctx) {          \
+    m.hook_name(ctx);                                                                                          \
+  } || requires(M& m) { m.hook_name(); };                                                                      \
+  template <class M, class... Args>                                                                            \
+  concept hook_name##_module_defines = hook_name##_named<M> && hook_name##_callable<M, Args...>;               \
+  template <class C, class M, class... Args>                                                                   \
+  concept hook_name##_callback_callable =                                                                      \
+      requires(C& c, TrainerView& v, M& m, Args&... args) { c.hook_name(v, m, args...); } ||                   \
+      requires(C& c, TrainerView& v, Args&... args) { c.hook_name(v, args...); } ||                            \
+      requires(C& c, TrainerView& v, M& m) { c.hook_name(v, m); } ||                                           \
+      requires(C& c, TrainerView& v) { c.hook_name(v); } || requires(C& c) { c.hook_name(); };                 \
+  template <class C, class M, class... Args>                                                                   \
+  concept hook_name##_callback_defines = hook_name##_named<C> && hook_name##_callback_callable<C, M, Args...>;
+
 #define FULGUR_DETAIL_DEFINE_HOOK(hook_name, scope)                                                            \
+  FULGUR_DETAIL_HOOK_CONCEPTS(hook_name)                                                                       \
   struct hook_name##_t {                                                                                       \
     FULGUR_DETAIL_HOOK_MODULE_PART(hook_name, scope)                                                           \
     static constexpr bool reaches_callbacks = false;                                                           \
@@ -81,17 +104,14 @@ struct absent {};
 //   cb.hook()
 // the first form that compiles; a member of the hook's name that fits none is an error naming it.
 #define FULGUR_DETAIL_DEFINE_CALLBACK_HOOK(hook_name, scope)                                                   \
+  FULGUR_DETAIL_HOOK_CONCEPTS(hook_name)                                                                       \
   struct hook_name##_t {                                                                                       \
     FULGUR_DETAIL_HOOK_MODULE_PART(hook_name, scope)                                                           \
     static constexpr bool reaches_callbacks = true;                                                            \
     template <class C>                                                                                         \
     static constexpr bool callback_named = fulgur::detail::has_member_##hook_name<C>();                       \
     template <class C, class M, class... Args>                                                                 \
-    static constexpr bool callback_defines =                                                                   \
-        requires(C& c, TrainerView& v, M& m, Args&... args) { c.hook_name(v, m, args...); } ||                 \
-        requires(C& c, TrainerView& v, Args&... args) { c.hook_name(v, args...); } ||                          \
-        requires(C& c, TrainerView& v, M& m) { c.hook_name(v, m); } ||                                         \
-        requires(C& c, TrainerView& v) { c.hook_name(v); } || requires(C& c) { c.hook_name(); };               \
+    static constexpr bool callback_defines = hook_name##_callback_defines<C, M, Args...>;                      \
     template <class C, class M, class... Args>                                                                 \
     static void call_callback(C& c, TrainerView& v, M& m, Args&... args) {                                     \
       if constexpr (requires { c.hook_name(v, m, args...); })                                                  \
@@ -258,8 +278,10 @@ class HookCaller {
     if constexpr (Hook::template defined_for<Module, std::remove_reference_t<Args>...>) {
       ctx_.enter(Hook::name, Hook::log_scope);
       return Hook::call(module_, ctx_, std::forward<Args>(args)...);
+    } else if constexpr (Hook::template named_in<Module>) {
+      return Hook::call(module_, ctx_, std::forward<Args>(args)...);  // a member of that name: its signature error
     } else {
-      return Hook::call(module_, ctx_, std::forward<Args>(args)...);  // absent (or a signature error)
+      return absent{};  // no such member: nothing to try
     }
   }
 

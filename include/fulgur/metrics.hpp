@@ -9,6 +9,7 @@
 // callback metrics (what monitors and FitResult::metrics see), logged metrics (what a logger gets)
 // and progress-bar metrics.
 #include <ATen/ATen.h>
+#include <c10/util/FunctionRef.h>
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
@@ -151,24 +152,9 @@ class MetricCollection {
   /// The step values into the views (after each batch; tensors only, no host sync). A value already
   /// there is current (it is written in place): only new or displaced tensors are published.
   void publish_step(MetricViews& views);
-  /// The epoch values, reduced (and synced across processes where asked), into the views.
-  template <class AllReduce>
-  void publish_epoch(MetricViews& views, AllReduce&& all_reduce) {
-    for (auto& e : entries_) {  // every rank holds the same entries in the same order: collectives line up
-      if (!e.on_epoch || !e.accumulated.defined()) continue;
-      if (!e.computed.defined()) {
-        at::Tensor value = e.accumulated.clone();
-        at::Tensor weight = at::scalar_tensor(e.weight, value.options());
-        if (e.options.sync_dist) {
-          const ReduceOp op = e.options.reduce == ReduceOp::mean ? ReduceOp::sum : e.options.reduce;
-          value = all_reduce(value, op);
-          if (e.options.reduce == ReduceOp::mean) weight = all_reduce(weight, ReduceOp::sum);
-        }
-        e.computed = e.options.reduce == ReduceOp::mean ? value / weight : value;
-      }
-      publish(views, e, e.computed, /*on_step=*/false);
-    }
-  }
+  /// The epoch values, reduced (and synced across processes where asked), into the views (once an
+  /// epoch: compiled once, the reduction passed by reference).
+  void publish_epoch(MetricViews& views, c10::function_ref<at::Tensor(const at::Tensor&, ReduceOp)> all_reduce);
   bool empty() const { return entries_.empty(); }
   /// Whether a value of this name was logged (by any hook) since the last reset.
   bool logs(std::string_view name) const;

@@ -12,16 +12,23 @@ namespace fulgur {
 
 class StateDict {
  public:
-  StateDict() : dict_(c10::StringType::get(), c10::AnyType::get()) {}
+  // Out of line (src/state_dict.cpp): c10::Dict's code is compiled once, not in every program that
+  // keeps a state.
+  StateDict();
   /// From a dictionary IValue with string keys (e.g. what torch::pickle_load returns).
-  explicit StateDict(const c10::impl::GenericDict& dict) : dict_(dict) {}  // a handle: copying it shares the dictionary
+  explicit StateDict(const c10::impl::GenericDict& dict);  // a handle: copying it shares the dictionary
+  StateDict(const StateDict& other);
+  StateDict(StateDict&& other) noexcept;
+  StateDict& operator=(const StateDict& other);
+  StateDict& operator=(StateDict&& other) noexcept;
+  ~StateDict();
 
   /// Inserts or replaces; keeps the first insertion's position.
-  void insert(const std::string& key, c10::IValue value) { dict_.insert_or_assign(c10::IValue(key), std::move(value)); }
-  bool contains(const std::string& key) const { return dict_.contains(c10::IValue(key)); }
+  void insert(const std::string& key, c10::IValue value);
+  bool contains(const std::string& key) const;
   /// The value under key; throws c10::Error when absent (use contains first).
-  c10::IValue at(const std::string& key) const { return dict_.at(c10::IValue(key)); }
-  bool erase(const std::string& key) { return dict_.erase(c10::IValue(key)); }
+  c10::IValue at(const std::string& key) const;
+  bool erase(const std::string& key);
   bool empty() const { return dict_.empty(); }
   std::size_t size() const { return dict_.size(); }
 

@@ -20,8 +20,6 @@
 #include <torch/utils.h>
 
 #include <concepts>
-#include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <span>
@@ -43,6 +41,7 @@
 #include "fulgur/detail/files.hpp"
 #include "fulgur/data/tensor_loader.hpp"
 #include "fulgur/detail/meta_tensors.hpp"
+#include "fulgur/detail/trainer_support.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/loops/evaluation.hpp"
 #include "fulgur/loops/fit.hpp"
@@ -201,9 +200,7 @@ class Trainer {
   P& precision() { return precision_; }
   const TrainerConfig& config() const { return config_; }
   /// "cpu/single_device/32-true": the combination, in Lightning's names.
-  static std::string combination_name() {
-    return std::string(A::name) + "/" + std::string(S::name) + "/" + std::string(P::name);
-  }
+  static std::string combination_name() { return detail::combination_name(A::name, S::name, P::name); }
   /// The precision's Lightning name ("bf16-mixed"), for messages.
   static constexpr std::string_view precision_name() { return P::name; }
   /// Whether the precision scales the loss (a non-finite loss is then a skipped step, not an error).
@@ -286,8 +283,7 @@ class Trainer {
   /// Backward through the strategy and precision (scaling the loss under '16-mixed', all-reducing
   /// gradients under DDP), for the module of the last setup.
   void backward(const at::Tensor& loss) {
-    if (module_ == nullptr)
-      throw MisconfigurationError("Trainer::backward needs a module: call trainer.setup(module, optimizer) first.");
+    if (module_ == nullptr) detail::raise_needs_module("backward");
     strategy_.backward(loss, *module_, precision_);
   }
   template <class Module>
@@ -320,9 +316,7 @@ class Trainer {
   /// max_norm, an undefined tensor for clip_val.
   template <class Module>
   at::Tensor clip_gradients(Module& module, torch::optim::Optimizer& optimizer, const ClipGradients& clip) {
-    if (clip.clip_val && clip.max_norm)
-      throw MisconfigurationError(
-          "Only one of `clip_val` or `max_norm` can be set as this specifies the underlying clipping algorithm!");
+    if (clip.clip_val && clip.max_norm) detail::raise_clip_arguments(/*both_given=*/true);
     torch::nn::Module& m = detail::referent(module);
     if (clip.clip_val) {
       strategy_.clip_gradients_value(m, optimizer, *clip.clip_val, precision_);
@@ -331,7 +325,7 @@ class Trainer {
     if (clip.max_norm)
       return strategy_.clip_gradients_norm(m, optimizer, *clip.max_norm, clip.norm_type, clip.error_if_nonfinite,
                                            precision_);
-    throw MisconfigurationError("You have to specify either `clip_val` or `max_norm` to do gradient clipping!");
+    detail::raise_clip_arguments(/*both_given=*/false);
   }
 
   /// Steps the optimizer through the strategy and the precision; false when the step was skipped
@@ -353,8 +347,7 @@ class Trainer {
   }
   /// The same for the module of the last setup.
   auto no_backward_sync(bool enabled = true) {
-    if (module_ == nullptr)
-      throw MisconfigurationError("Trainer::no_backward_sync needs a module: call trainer.setup(module, ...) first.");
+    if (module_ == nullptr) detail::raise_needs_module("no_backward_sync");
     return strategy_.no_backward_sync(*module_, enabled);
   }
 
@@ -381,9 +374,9 @@ class Trainer {
   StateDict load(const std::string& path) { return strategy_.load_checkpoint(resolve(path)); }
   /// Lightning's fabric.save(path, state) / fabric.load(path, state, strict): the named objects'
   /// states, written; read back into the same objects in place, returning what else the file holds.
-  void save(const std::string& path, const CheckpointState& state) { save(path, state.collect(*this)); }
+  void save(const std::string& path, const CheckpointState& state) { save(path, state.collect(loop_services_.link())); }
   StateDict load(const std::string& path, const CheckpointState& state, bool strict = true) {
-    return state.restore(*this, load(path), resolve(path), strict);
+    return state.restore(loop_services_.link(), load(path), resolve(path), strict);
   }
   /// Deletes a checkpoint save wrote (global rank 0), with whatever its strategy's format keeps
   /// beside the file; a relative path is under default_root_dir.
@@ -412,11 +405,8 @@ class Trainer {
         checkpoint::load_optimizer_state_dict(optimizer, state);
         detail::check_optimizer_state_shapes(optimizer);
       }
-    } catch (const c10::Error& e) {  // LibTorch's own check reads "INTERNAL ASSERT FAILED ... report a bug"
-      std::string text = detail::first_line(e.what_without_backtrace());
-      if (const auto at = text.find("INTERNAL ASSERT FAILED"); at != std::string::npos) text = "the state's type differs";
-      throw CheckpointError("fulgur: the optimizer state does not fit the optimizer (" + text + "): load the state "
-                            "of the same optimizer type over the same parameters.");
+    } catch (const c10::Error& e) {
+      detail::raise_optimizer_state_mismatch(e);
     }
   }
   StateDict precision_state() const { return precision_.state_dict(); }
@@ -431,10 +421,7 @@ class Trainer {
   /// the loop position, without optimizer, scheduler, precision or callback states.
   void save_checkpoint(const std::string& path, bool weights_only = false) {
     loops::FitState* fit = loop_services_.fit();
-    if (fit == nullptr)
-      throw MisconfigurationError("fulgur: save_checkpoint saves the state of a fit: call it during or after "
-                                  "trainer.fit (for weights alone, use trainer.save(path, "
-                                  "fulgur::checkpoint::module_state_dict(module))).");
+    if (fit == nullptr) detail::raise_save_checkpoint_outside_fit();
     fit->request_save(path, weights_only);
   }
 
@@ -514,14 +501,10 @@ class Trainer {
     if constexpr (owns_optimizers && trainable && validates) {
       // One path from the root: "last" and "hpc" found, a relative path under default_root_dir.
       std::vector<std::string> warnings;  // reported with the fit's own (FitResult::warnings)
-      if (options.ckpt_path == "last") {
-        std::string none_found;
-        options.ckpt_path = last_checkpoint(none_found);
-        if (!none_found.empty()) warnings.push_back(std::move(none_found));
-      } else {
-        options.ckpt_path = preemption_checkpoint(options.ckpt_path);
-      }
-      if (!options.ckpt_path.empty()) options.ckpt_path = detail::absolute_path(resolve(options.ckpt_path));
+      const std::vector<std::string> folders =
+          options.ckpt_path == "last" ? loop_services_.callbacks().checkpoint_folders(config_.default_root_dir)
+                                      : std::vector<std::string>{};
+      options.ckpt_path = detail::fit_checkpoint(config_, options.ckpt_path, folders, is_global_zero(), warnings);
       FitResult result = loops::fit(*this, module, train_data, val_data, std::move(options), std::move(warnings));
       if (result.preempted && config_.preemption.exit_process) end_preempted_process();
       return result;
@@ -553,10 +536,7 @@ class Trainer {
       return callbacks_type(std::move(callbacks)..., ProgressBar{});
   }
   void check_progress_bar() const {
-    if (!config_.enable_progress_bar && (detail::is_progress_bar<Callbacks>() || ...))
-      throw MisconfigurationError(
-          "Trainer was configured with `enable_progress_bar = false` but found a ProgressBar among its callbacks; "
-          "remove the ProgressBar from the Trainer's arguments or set `enable_progress_bar = true`.");
+    if (!config_.enable_progress_bar && (detail::is_progress_bar<Callbacks>() || ...)) detail::raise_progress_bar_disabled();
   }
   S make_strategy(options_type&& options) {
     if constexpr (std::is_same_v<options_type, NoStrategyOptions>) {
@@ -575,55 +555,16 @@ class Trainer {
       return P{};
   }
   ParallelDevices parallel_devices() const {
-    if (!A::is_available())
-      throw AcceleratorError("`" + std::string(A::name) +
-                             "` can not run on your system since the accelerator is not available. The following "
-                             "accelerator(s) is available and can be passed into the Trainer: " +
-                             detail::available_accelerators_text() + ". Pick one of them (e.g. fulgur::CPUAccelerator), "
-                             "or run on a machine where '" + std::string(A::name) + "' is available.");
+    if (!A::is_available()) detail::raise_accelerator_unavailable(A::name);
     const std::vector<int> ids = std::visit([](const auto& devices) { return A::parse_devices(devices); }, config_.devices);
     return ParallelDevices{A::get_parallel_devices(ids), config_.num_nodes};
   }
   void check_dtype_supported() {
     if constexpr (requires { P::dtype; A::supports_dtype(strategy_.root_device(), P::dtype); }) {
       if (!A::supports_dtype(strategy_.root_device(), P::dtype))
-        throw AcceleratorError("precision '" + std::string(P::name) + "' computes in " +
-                               std::string(c10::toString(P::dtype)) + ", which " + strategy_.root_device().str() +
-                               " does not support (bfloat16 needs compute capability 8.0 or newer); use '16-mixed' "
-                               "(FP16MixedPrecision) or '32-true' instead.");
+        detail::raise_dtype_unsupported(P::name, P::dtype, strategy_.root_device());
     }
   }
-  /// ckpt_path = "last": the newest last*.ckpt in default_root_dir/checkpoints and the folders the
-  /// callbacks and loggers keep checkpoints in (their checkpoint_folders: a ModelCheckpoint's dirpath,
-  /// a logger's version folders); "" (a fresh start, with `warning` set) when there is none.
-  std::string last_checkpoint(std::string& warning) {
-    std::vector<std::string> folders{detail::absolute_path(resolve("checkpoints"))};
-    for (std::string& folder : loop_services_.callbacks().checkpoint_folders(config_.default_root_dir))
-      folders.push_back(std::move(folder));
-    std::string newest = detail::newest_file(folders, "last", ".ckpt");
-    if (newest.empty())
-      warning = "fulgur: ckpt_path = \"last\" is set, but there is no last checkpoint available (looked for "
-                "last*.ckpt in " + folders.front() + " and the checkpoint callbacks' folders). No checkpoint will be "
-                "loaded.";
-    return newest;
-  }
-  /// ckpt_path = "hpc": the newest hpc_ckpt_{n}.ckpt that a preemption wrote in default_root_dir
-  /// (an error if there is none). No ckpt_path in a SLURM batch job with auto_requeue: that one if
-  /// it exists, so a requeued job goes on where it stopped (Lightning's auto-resume).
-  std::string preemption_checkpoint(const std::string& ckpt_path) {
-    const bool automatic = ckpt_path.empty() && config_.preemption.enabled && config_.preemption.auto_requeue &&
-                           detail::in_slurm_batch_job();
-    if (ckpt_path != "hpc" && !automatic) return ckpt_path;
-    const std::string found = detail::hpc_checkpoint(config_.default_root_dir, /*next=*/false);
-    if (found.empty() && !automatic)
-      throw CheckpointError("fulgur: `fit(..., {.ckpt_path = \"hpc\"})` is set but no HPC checkpoint was found "
-                            "(hpc_ckpt_{n}.ckpt in default_root_dir '" + config_.default_root_dir + "'). Pass the "
-                            "path of a checkpoint, or leave ckpt_path empty to start afresh.");
-    if (!found.empty() && is_global_zero())
-      std::cerr << "fulgur: resuming from the preemption checkpoint " << found << std::endl;
-    return found.empty() ? found : detail::absolute_path(found);  // already under default_root_dir
-  }
-
   /// TrainerConfig::preemption.exit_process: the loop has saved and shut down; the policies let go
   /// of what they hold (the process group, the device) and the process ends with the code a
   /// scheduler or script reads as "try again".
@@ -631,16 +572,10 @@ class Trainer {
     precision_.teardown();
     strategy_.teardown();
     accelerator_.teardown();
-    std::cout.flush();
-    std::cerr.flush();
-    std::fflush(nullptr);
-    std::exit(config_.preemption.exit_code);
+    detail::end_preempted_process(config_.preemption.exit_code);
   }
 
-  std::string resolve(const std::string& path) const {
-    if (path.empty() || path.front() == '/' || config_.default_root_dir == ".") return path;
-    return config_.default_root_dir + "/" + path;
-  }
+  std::string resolve(const std::string& path) const { return detail::resolve_path(config_, path); }
 
   TrainerConfig config_;
   A accelerator_{};

@@ -3,7 +3,9 @@
 
 #include <c10/util/Type.h>
 
+#include <cmath>
 #include <csignal>
+#include <iostream>
 #include <typeinfo>
 #include <cstdio>
 
@@ -40,6 +42,63 @@ bool stop_if_signalled(int world_size, c10::function_ref<bool(bool)> any_rank, c
   if (training_done) return true;
   const int signal = local_preemption != 0 ? local_preemption : SIGTERM;  // another rank's: say SIGTERM
   throw Preempted(signal, std::string("preempted by ") + (signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM") + " " + where());
+}
+
+void raise_resume_past_data(std::int64_t epoch, std::int64_t first_batch, std::int64_t batches) {
+  throw CheckpointError("fulgur: the checkpoint continues epoch " + std::to_string(epoch) + " at batch " +
+                        std::to_string(first_batch) + ", but the training data has only " + std::to_string(batches) +
+                        " batches in it; resume with the data (and batch size) the checkpoint was trained on.");
+}
+
+void raise_no_training_batches(std::int64_t epoch, const std::string& description) {
+  throw DataError("fulgur: the training data yielded no batches in epoch " + std::to_string(epoch) +
+                  (description.empty() ? std::string() : " (" + description + ")") +
+                  "; give it samples (with drop_last, at least batch_size of them), or check limit_train_batches.");
+}
+
+void raise_no_evaluation_batches(std::string_view what, bool standalone) {
+  throw DataError("fulgur: the " + std::string(what) + " data yielded no batches; give it data, or " +
+                  (standalone ? std::string("check its limit_*_batches.") : std::string("call fit without it.")));
+}
+
+void raise_loss_not_scalar(const StepContext& ctx, const at::Tensor& loss) {
+  throw StepError("fulgur: " + position_text("training_step", ctx.current_epoch, ctx.batch_idx, ctx.global_step) +
+                  " returned " + (loss.defined() ? detail::describe_tensor(loss) : "an undefined tensor") +
+                  "; return the scalar loss (reduce it with .mean() or .sum()).");
+}
+
+void raise_non_finite_loss(double value, const StepContext& ctx, std::int64_t step_at_batch, std::string_view precision,
+                           bool every_step, std::int64_t last_finite_step) {
+  throw NonFiniteLossError(
+      "fulgur: the loss is " + std::string(std::isnan(value) ? "NaN" : "infinite") + " at " +
+      position_text("training_step", ctx.current_epoch, ctx.batch_idx, step_at_batch) + " under precision '" +
+      std::string(precision) + "'" +
+      (every_step || last_finite_step < 0 ? std::string(".")
+                                          : "; it was last seen finite at global_step " + std::to_string(last_finite_step) + ".") +
+      " Lower the learning rate, clip gradients (TrainerConfig::gradient_clip_val) or check the data for NaN/inf" +
+      (every_step ? std::string(".") : "; set finite_loss_check = FiniteLossCheck::every_step to stop at the first bad batch."));
+}
+
+std::string non_finite_evaluation_warning(std::string_view what, std::string_view step, double loss,
+                                          const StepContext& ctx, bool global_zero) {
+  std::string text = "fulgur: the " + std::string(what) + " loss is " + (std::isnan(loss) ? "NaN" : "infinite") +
+                     " at epoch " + std::to_string(ctx.current_epoch) + " (global_step " + std::to_string(ctx.global_step) +
+                     "); a " + std::string(step) + " returned a non-finite loss. Check the data and the model's outputs.";
+  if (global_zero) std::cerr << text << std::endl;
+  return text;
+}
+
+void raise_batch_transfer(std::string_view step, const StepContext& ctx, c10::Device device, const c10::Error& error,
+                          const std::string& batch_description) {
+  throw StepError("fulgur: moving the batch of " + position_text(step, ctx.current_epoch, ctx.batch_idx, ctx.global_step) +
+                  " to " + device.str() + " failed: " + detail::first_line(error.what_without_backtrace()) +
+                  "\n  batch: " + batch_description + ". Give the loader tensors on the CPU (or on the training device).");
+}
+
+void raise_no_parameters(const std::string& module_name) {
+  throw MisconfigurationError("fulgur: the module " + module_name + " has no parameters, so there is nothing to train; "
+                              "register them with register_module/register_parameter in its constructor (or create "
+                              "them in configure_model).");
 }
 
 void require_parameters(const torch::optim::Optimizer& optimizer, std::string_view where) {

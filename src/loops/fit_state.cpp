@@ -26,6 +26,16 @@ std::string without_prefix(std::string text) {
 
 }  // namespace
 
+FitState::FitState(const TrainerConfig& config, torch::nn::Module& module, detail::HostLink& host,
+                   detail::LoopLink& loop, int global_rank, int world_size)
+    : config_(config),
+      module_(module),
+      host_link_(host),
+      loop_link_(loop),
+      view_(ctx_, config, module, &host),
+      global_rank_(global_rank),
+      world_size_(world_size) {}
+
 FitState::~FitState() = default;
 
 void FitState::warn(std::string text) {

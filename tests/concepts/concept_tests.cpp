@@ -228,7 +228,7 @@ struct AllOptionalPrecisionMembers : Precision {
 };
 }  // namespace optional_members
 
-TEST_CASE("optional members: absent or right is the contract; a wrong signature is not, and is named",
+TEST_CASE("optional members: absent or right is the contract, a wrong signature is not and is named",
           "[concepts][optional]") {
   using namespace optional_members;
   using fulgur::detail::strategy_requirement;

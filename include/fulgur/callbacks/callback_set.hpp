@@ -49,8 +49,8 @@ class CallbackSet {
   // is then the compile error that names the hook (never a hook silently not called).
   template <class Hook, class Module, class... Args>
   static constexpr bool reached_by =
-      ((Hook::template callback_defines<typename callback_element<Ts>::type, Module, Args...> ||
-        Hook::template callback_named<typename callback_element<Ts>::type>) ||
+      ((Hook::template callback_named<typename callback_element<Ts>::type> ||
+        Hook::template callback_defines<typename callback_element<Ts>::type, Module, Args...>) ||
        ...);
   static constexpr bool has_loggers = (logger<typename callback_element<Ts>::type> || ...);
 
@@ -194,7 +194,7 @@ class CallbackSet {
   template <hooks::CallbackGroup group, class C, class Hook, class Module, class... Args>
   static void call_one(C& item, Hook hook, TrainerView& view, Module& module, Args&... args) {
     using Element = typename callback_element<C>::type;
-    if constexpr (Hook::template callback_defines<Element, Module, Args...> || Hook::template callback_named<Element>) {
+    if constexpr (Hook::template callback_named<Element> || Hook::template callback_defines<Element, Module, Args...>) {
       constexpr bool monitoring = monitoring_callback<Element>();
       if constexpr ((group == hooks::CallbackGroup::monitoring && !monitoring) ||
                     (group == hooks::CallbackGroup::non_monitoring && monitoring)) {

@@ -1,5 +1,5 @@
 #pragma once
-// Checkpoint files and the state of modules and optimizers (implemented in src/checkpoint_io.cpp).
+// Checkpoint files and the state of modules and optimizers (implemented in src/checkpoint/).
 //
 // A checkpoint is a StateDict written with torch::pickle_save (a torch.save-style zip).
 // Writes are atomic (detail/atomic_file.hpp: a temporary file, fsync, rename, fsync of the folder):

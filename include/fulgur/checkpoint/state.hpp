@@ -1,6 +1,6 @@
 #pragma once
 // The parts of a trainer checkpoint that are not a module or an optimizer (implemented in
-// src/checkpoint_state.cpp): the random generators, the LR schedulers, and the format stamp.
+// src/checkpoint/state.cpp): the random generators, the LR schedulers, and the format stamp.
 //
 // A checkpoint follows Lightning 2.6's .ckpt layout (docs/checkpoints.md has the table):
 //   epoch, global_step, pytorch-lightning_version, state_dict, optimizer_states, lr_schedulers,

@@ -17,11 +17,12 @@ std::string first_line(std::string_view what);
 /// "float32" for at::kFloat, as Python spells dtypes.
 std::string dtype_name(c10::ScalarType dtype);
 
+/// "input float32[32, 64] on cpu, target int64[32] on cpu"
+std::string describe_batch(const data::Batch& batch);
+
 template <class Batch>
 std::string describe_batch(const Batch& batch) {
-  if constexpr (std::is_same_v<Batch, data::Batch>) {
-    return "input " + describe_tensor(batch.input) + ", target " + describe_tensor(batch.target);
-  } else {
+  {
     std::string out;
     int i = 0;
     data::for_each_tensor(batch, [&](const at::Tensor& t) {

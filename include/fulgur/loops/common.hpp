@@ -101,6 +101,27 @@ bool stop_if_signalled(Host& host, Where&& where, bool training_done = false) {
 /// "the module's parameters are float32 on cpu" (for errors about a batch that does not fit).
 std::string parameters_text(torch::nn::Module& module);
 
+// ---- the loops' failures, compiled once (src/loops/common.cpp): each names where and what to do ----
+/// A resumed epoch's batches before its position are passed over, and the data ran out.
+[[noreturn]] void raise_resume_past_data(std::int64_t epoch, std::int64_t first_batch, std::int64_t batches);
+/// An epoch yielded no training batch (`description`: the loader's, if it describes itself).
+[[noreturn]] void raise_no_training_batches(std::int64_t epoch, const std::string& description);
+/// validate/test/fit's validation yielded no batch.
+[[noreturn]] void raise_no_evaluation_batches(std::string_view what, bool standalone);
+/// A training_step returned something other than a scalar loss.
+[[noreturn]] void raise_loss_not_scalar(const StepContext& ctx, const at::Tensor& loss);
+/// The training loss is NaN or infinite (`last_finite_step`: -1 if never seen finite).
+[[noreturn]] void raise_non_finite_loss(double value, const StepContext& ctx, std::int64_t step_at_batch,
+                                        std::string_view precision, bool every_step, std::int64_t last_finite_step);
+/// An evaluation loss that is not finite: a warning (printed on global rank 0), returned.
+std::string non_finite_evaluation_warning(std::string_view what, std::string_view step, double loss,
+                                          const StepContext& ctx, bool global_zero);
+/// A batch that cannot get to the device.
+[[noreturn]] void raise_batch_transfer(std::string_view step, const StepContext& ctx, c10::Device device,
+                                       const c10::Error& error, const std::string& batch_description);
+/// A module without parameters has nothing to train.
+[[noreturn]] void raise_no_parameters(const std::string& module_name);
+
 /// An optimizer over no parameters trains nothing: a MisconfigurationError naming it (PyTorch's
 /// "optimizer got an empty parameter list"); `where` says where it came from.
 void require_parameters(const torch::optim::Optimizer& optimizer, std::string_view where);
@@ -138,11 +159,7 @@ auto prepare_batch(Host& host, HookCallerOf<Host, Module>& hook, const Batch& ra
       moved = decltype(moved)(hook(hooks::on_after_batch_transfer, moved, std::int64_t{0}));
     return host.convert_batch(moved);
   } catch (const c10::Error& e) {
-    throw StepError("fulgur: moving the batch of " +
-                    position_text(step, ctx.current_epoch, ctx.batch_idx, ctx.global_step) + " to " +
-                    host.device().str() + " failed: " + detail::first_line(e.what_without_backtrace()) +
-                    "\n  batch: " + detail::describe_batch(raw) +
-                    ". Give the loader tensors on the CPU (or on the training device).");
+    raise_batch_transfer(step, ctx, host.device(), e, detail::describe_batch(raw));
   }
 }
 

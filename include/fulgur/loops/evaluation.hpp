@@ -114,10 +114,7 @@ class EvaluationLoop {
     hook_(Kind::start);
     hook_(Kind::epoch_start);
     const std::int64_t batches = run_batches(max_batches);
-    if (batches == 0 && max_batches != 0)
-      throw DataError("fulgur: the " + std::string(Kind::what) + " data yielded no batches; give it data, or " +
-                      (mode == EvaluationMode::standalone ? std::string("check its limit_*_batches.")
-                                                          : std::string("call fit without it.")));
+    if (batches == 0 && max_batches != 0) raise_no_evaluation_batches(Kind::what, mode == EvaluationMode::standalone);
     EvaluationResult result = finish_epoch(mode);
     hook_(Kind::end);
     hook_.call_or(Kind::model_train, [&] { modes.restore(); });
@@ -196,7 +193,9 @@ class EvaluationLoop {
         views_.callback.set(Kind::loss_name, mean);
         views_.logged.set(Kind::loss_name, mean);
       }
-      if (!std::isfinite(*result.loss)) result.warnings.push_back(non_finite_warning(*result.loss));
+      if (!std::isfinite(*result.loss))
+        result.warnings.push_back(non_finite_evaluation_warning(Kind::what, Kind::step.name, *result.loss, hook_.ctx(),
+                                                                host_.is_global_zero()));
     }
     for (const auto& [name, value] : epoch.logged.to_host()) result.metrics[name] = value;
     if (result.loss && !result.metrics.contains(std::string(Kind::loss_name)))
@@ -214,16 +213,6 @@ class EvaluationLoop {
     TrainerView& view = *hook_.view();
     metrics.emplace("epoch", static_cast<double>(view.current_epoch()));
     view.log_metrics(metrics, view.logging_step());
-  }
-
-  std::string non_finite_warning(double loss) const {
-    const StepContext& ctx = hook_.ctx();
-    std::string text = "fulgur: the " + std::string(Kind::what) + " loss is " + (std::isnan(loss) ? "NaN" : "infinite") +
-                       " at epoch " + std::to_string(ctx.current_epoch) + " (global_step " +
-                       std::to_string(ctx.global_step) + "); a " + std::string(Kind::step.name) +
-                       " returned a non-finite loss. Check the data and the model's outputs.";
-    if (host_.is_global_zero()) std::cerr << text << std::endl;
-    return text;
   }
 
   auto all_reduce() {

@@ -184,11 +184,7 @@ class FitLoop final : private detail::LoopLink, public FitState {
     train_metrics_.set_device(host_.device());
     train_metrics_.set_views(&views_);
     run_setup_hooks(host_, hook_, Stage::fit);
-    if (module.parameters().empty())
-      throw MisconfigurationError("fulgur: the module " + module.name() +
-                                  " has no parameters, so there is nothing to train; register them with "
-                                  "register_module/register_parameter in its constructor (or create them in "
-                                  "configure_model).");
+    if (module.parameters().empty()) raise_no_parameters(module.name());
     host_.setup_module(module);
     optimizers_ = detail::to_optimizer_configs(module.configure_optimizers());
     check_optimizers(automatic);

@@ -56,16 +56,10 @@ class FitState {
   void write_requested_checkpoints();
 
  protected:
+  // Out of line, both: the members' constructors and destructors are compiled once.
   FitState(const TrainerConfig& config, torch::nn::Module& module, detail::HostLink& host, detail::LoopLink& loop,
-           int global_rank, int world_size)
-      : config_(config),
-        module_(module),
-        host_link_(host),
-        loop_link_(loop),
-        view_(ctx_, config, module, &host),
-        global_rank_(global_rank),
-        world_size_(world_size) {}
-  ~FitState();  // out of line: the members' destructors are compiled once
+           int global_rank, int world_size);
+  ~FitState();
 
   // ---- checkpoints asked for while a batch or an epoch's end is under way -------------------------
   /// While held, requested saves wait for write_requested_checkpoints().

@@ -118,10 +118,7 @@ class AutomaticOptimization {
  private:
   at::Tensor checked_loss(const at::Tensor& loss) const {
     if (loss.defined() && loss.numel() == 1) return loss;
-    const StepContext& ctx = hook_.ctx();
-    throw StepError("fulgur: " + position_text("training_step", ctx.current_epoch, ctx.batch_idx, ctx.global_step) +
-                    " returned " + (loss.defined() ? detail::describe_tensor(loss) : "an undefined tensor") +
-                    "; return the scalar loss (reduce it with .mean() or .sum()).");
+    raise_loss_not_scalar(hook_.ctx(), loss);
   }
 
   bool step() {

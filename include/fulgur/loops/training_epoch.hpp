@@ -75,10 +75,7 @@ class TrainingEpochLoop {
     auto it = std::begin(p_.data);
     auto end = std::end(p_.data);
     for (std::int64_t i = 0; skip && i < first_batch; ++i, ++it)
-      if (it == end)
-        throw CheckpointError("fulgur: the checkpoint continues epoch " + std::to_string(summary.epoch) + " at batch " +
-                              std::to_string(first_batch) + ", but the training data has only " + std::to_string(i) +
-                              " batches in it; resume with the data (and batch size) the checkpoint was trained on.");
+      if (it == end) raise_resume_past_data(summary.epoch, first_batch, i);
     std::optional<batch_of_t<TrainData>> current;
     if (max_batches_ != 0 && it != end && (max_batches_ < 0 || first_batch < max_batches_)) {
       current.emplace(*it);
@@ -95,10 +92,8 @@ class TrainingEpochLoop {
       ++it;
     }
     if (batch_idx == 0 || (batch_idx == first_batch && first_batch > 0)) {
-      std::string what = "fulgur: the training data yielded no batches in epoch " + std::to_string(summary.epoch);
-      if constexpr (requires { p_.data.describe(); }) what += " (" + p_.data.describe() + ")";
-      throw DataError(what + "; give it samples (with drop_last, at least batch_size of them), or check "
-                             "limit_train_batches.");
+      if constexpr (requires { p_.data.describe(); }) raise_no_training_batches(summary.epoch, p_.data.describe());
+      else raise_no_training_batches(summary.epoch, {});
     }
     return reached_end;
   }
@@ -239,22 +234,8 @@ class TrainingEpochLoop {
       p_.views.callback.set("train_loss", loss);
     constexpr bool scaled = Host::uses_loss_scaler;  // skips are counted instead
     if (!scaled && config_.finite_loss_check != FiniteLossCheck::off && !std::isfinite(value))
-      throw NonFiniteLossError(non_finite_message(value, step_at_batch));
+      raise_non_finite_loss(value, p_.hook.ctx(), step_at_batch, Host::precision_name(), every_step, last_finite_step_);
     last_finite_step_ = step_at_batch;
-  }
-
-  std::string non_finite_message(double value, std::int64_t step_at_batch) const {
-    const StepContext& ctx = p_.hook.ctx();
-    const bool every_step = config_.finite_loss_check == FiniteLossCheck::every_step;
-    return "fulgur: the loss is " + std::string(std::isnan(value) ? "NaN" : "infinite") + " at " +
-           position_text("training_step", ctx.current_epoch, ctx.batch_idx, step_at_batch) + " under precision '" +
-           std::string(Host::precision_name()) + "'" +
-           (every_step || last_finite_step_ < 0 ? std::string(".")
-                                                 : "; it was last seen finite at global_step " +
-                                                       std::to_string(last_finite_step_) + ".") +
-           " Lower the learning rate, clip gradients (TrainerConfig::gradient_clip_val) or check the data for NaN/inf" +
-           (every_step ? std::string(".")
-                       : "; set finite_loss_check = FiniteLossCheck::every_step to stop at the first bad batch.");
   }
 
   bool should_validate(bool is_last) const {

@@ -35,6 +35,7 @@
 #include "fulgur/concepts/vocabulary.hpp"
 #include "fulgur/data/apply.hpp"
 #include "fulgur/detail/meta_tensors.hpp"
+#include "fulgur/detail/trainer_support.hpp"
 #include "fulgur/device_guards.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/parallel_devices.hpp"
@@ -65,11 +66,7 @@ class strategy_defaults {
   template <class Accelerator>
   void setup_environment(Accelerator& accelerator, const ParallelDevices& parallel) {
     if (parallel.devices.size() != 1 || parallel.num_nodes != 1)
-      throw MisconfigurationError(
-          std::string(Derived::name) + " runs in one process on exactly one device, but " +
-          std::to_string(parallel.devices.size()) + " device(s) x " + std::to_string(parallel.num_nodes) +
-          " node(s) were requested (TrainerConfig::devices, num_nodes); use devices = 1, or a distributed "
-          "strategy such as fulgur::DDPStrategy for more.");
+      detail::raise_single_process_devices(Derived::name, parallel.devices.size(), parallel.num_nodes);
     root_device_ = parallel.devices.front();
     accelerator.setup_device(root_device_);
   }

@@ -98,16 +98,16 @@ void OptimizerSharding::load_optimizer_state(torch::optim::Optimizer& optimizer,
                        state.at("format").toStringRef() == sharded_optimizer_format;
   if (!sharded) {  // the whole state: loaded as it was written, then cut into this rank's shards
     checkpoint::load_optimizer_state_dict(optimizer, state);
-    detail::check_optimizer_state_shapes(optimizer);
+    fulgur::detail::check_optimizer_state_shapes(optimizer);
     ShardedOptimizerState::from_whole(optimizer, layout).load_shards(optimizer, shard.shards(), world, rank);
     auto view = shard.with_shards();
-    detail::check_optimizer_state_shapes(optimizer);
+    fulgur::detail::check_optimizer_state_shapes(optimizer);
     return;
   }
   const ShardLayout saved = sharded_layout(state);
   if (!same_layout(saved, layout)) {  // other buckets (sizes, or stage 3's units): through the whole state
     ShardedOptimizerState(optimizer, sharded_archives(state), saved).load_whole(optimizer);
-    detail::check_optimizer_state_shapes(optimizer);
+    fulgur::detail::check_optimizer_state_shapes(optimizer);
     ShardedOptimizerState::from_whole(optimizer, layout).load_shards(optimizer, shard.shards(), world, rank);
   } else if (state.at("world_size").toInt() != world) {  // another world size: resharded
     ShardedOptimizerState(optimizer, sharded_archives(state), layout).load_shards(optimizer, shard.shards(), world, rank);
@@ -119,7 +119,7 @@ void OptimizerSharding::load_optimizer_state(torch::optim::Optimizer& optimizer,
     checkpoint::load_optimizer_state_dict(optimizer, mine);
   }
   auto view = shard.with_shards();
-  detail::check_optimizer_state_shapes(optimizer);
+  fulgur::detail::check_optimizer_state_shapes(optimizer);
 }
 
 void OptimizerSharding::save_checkpoint(const std::string& path, const StateDict& state) {

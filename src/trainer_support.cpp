@@ -1,0 +1,123 @@
+// Trainer's policy-independent parts (include/fulgur/detail/trainer_support.hpp).
+#include "fulgur/detail/trainer_support.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "fulgur/accelerators/device_parsing.hpp"
+#include "fulgur/detail/describe.hpp"
+#include "fulgur/detail/files.hpp"
+#include "fulgur/errors.hpp"
+#include "fulgur/preemption.hpp"
+
+namespace fulgur::detail {
+
+std::string combination_name(std::string_view accelerator, std::string_view strategy, std::string_view precision) {
+  return std::string(accelerator) + "/" + std::string(strategy) + "/" + std::string(precision);
+}
+
+std::string resolve_path(const TrainerConfig& config, const std::string& path) {
+  if (path.empty() || path.front() == '/' || config.default_root_dir == ".") return path;
+  return config.default_root_dir + "/" + path;
+}
+
+namespace {
+
+std::string last_checkpoint(const TrainerConfig& config, const std::vector<std::string>& checkpoint_folders,
+                            std::vector<std::string>& warnings) {
+  std::vector<std::string> folders{absolute_path(resolve_path(config, "checkpoints"))};
+  folders.insert(folders.end(), checkpoint_folders.begin(), checkpoint_folders.end());
+  std::string newest = newest_file(folders, "last", ".ckpt");
+  if (newest.empty())
+    warnings.push_back("fulgur: ckpt_path = \"last\" is set, but there is no last checkpoint available (looked for "
+                       "last*.ckpt in " + folders.front() + " and the checkpoint callbacks' folders). No checkpoint "
+                       "will be loaded.");
+  return newest;
+}
+
+std::string preemption_checkpoint(const TrainerConfig& config, const std::string& ckpt_path, bool global_zero) {
+  const bool automatic =
+      ckpt_path.empty() && config.preemption.enabled && config.preemption.auto_requeue && in_slurm_batch_job();
+  if (ckpt_path != "hpc" && !automatic) return ckpt_path;
+  const std::string found = hpc_checkpoint(config.default_root_dir, /*next=*/false);
+  if (found.empty() && !automatic)
+    throw CheckpointError("fulgur: `fit(..., {.ckpt_path = \"hpc\"})` is set but no HPC checkpoint was found "
+                          "(hpc_ckpt_{n}.ckpt in default_root_dir '" + config.default_root_dir + "'). Pass the "
+                          "path of a checkpoint, or leave ckpt_path empty to start afresh.");
+  if (!found.empty() && global_zero) std::cerr << "fulgur: resuming from the preemption checkpoint " << found << std::endl;
+  return found.empty() ? found : absolute_path(found);  // already under default_root_dir
+}
+
+}  // namespace
+
+std::string fit_checkpoint(const TrainerConfig& config, const std::string& ckpt_path,
+                           const std::vector<std::string>& checkpoint_folders, bool global_zero,
+                           std::vector<std::string>& warnings) {
+  const std::string path = ckpt_path == "last" ? last_checkpoint(config, checkpoint_folders, warnings)
+                                               : preemption_checkpoint(config, ckpt_path, global_zero);
+  return path.empty() ? path : absolute_path(resolve_path(config, path));
+}
+
+void end_preempted_process(int exit_code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::exit(exit_code);
+}
+
+void raise_needs_module(std::string_view verb) {
+  throw MisconfigurationError("Trainer::" + std::string(verb) + " needs a module: call trainer.setup(module, "
+                              "optimizer) first.");
+}
+
+void raise_clip_arguments(bool both_given) {
+  if (both_given)
+    throw MisconfigurationError(
+        "Only one of `clip_val` or `max_norm` can be set as this specifies the underlying clipping algorithm!");
+  throw MisconfigurationError("You have to specify either `clip_val` or `max_norm` to do gradient clipping!");
+}
+
+void raise_optimizer_state_mismatch(const c10::Error& error) {
+  // LibTorch's own check reads "INTERNAL ASSERT FAILED ... report a bug": it is not one.
+  std::string text = first_line(error.what_without_backtrace());
+  if (text.find("INTERNAL ASSERT FAILED") != std::string::npos) text = "the state's type differs";
+  throw CheckpointError("fulgur: the optimizer state does not fit the optimizer (" + text + "): load the state of the "
+                        "same optimizer type over the same parameters.");
+}
+
+void raise_save_checkpoint_outside_fit() {
+  throw MisconfigurationError("fulgur: save_checkpoint saves the state of a fit: call it during or after trainer.fit "
+                              "(for weights alone, use trainer.save(path, fulgur::checkpoint::module_state_dict(module))).");
+}
+
+void raise_progress_bar_disabled() {
+  throw MisconfigurationError(
+      "Trainer was configured with `enable_progress_bar = false` but found a ProgressBar among its callbacks; "
+      "remove the ProgressBar from the Trainer's arguments or set `enable_progress_bar = true`.");
+}
+
+void raise_accelerator_unavailable(std::string_view accelerator) {
+  const std::string name(accelerator);
+  throw AcceleratorError("`" + name + "` can not run on your system since the accelerator is not available. The "
+                         "following accelerator(s) is available and can be passed into the Trainer: " +
+                         available_accelerators_text() + ". Pick one of them (e.g. fulgur::CPUAccelerator), or run on a "
+                         "machine where '" + name + "' is available.");
+}
+
+void raise_dtype_unsupported(std::string_view precision, c10::ScalarType dtype, c10::Device device) {
+  throw AcceleratorError("precision '" + std::string(precision) + "' computes in " + std::string(c10::toString(dtype)) +
+                         ", which " + device.str() + " does not support (bfloat16 needs compute capability 8.0 or "
+                         "newer); use '16-mixed' (FP16MixedPrecision) or '32-true' instead.");
+}
+
+void raise_single_process_devices(std::string_view strategy, std::size_t devices, int num_nodes) {
+  throw MisconfigurationError(std::string(strategy) + " runs in one process on exactly one device, but " +
+                              std::to_string(devices) + " device(s) x " + std::to_string(num_nodes) +
+                              " node(s) were requested (TrainerConfig::devices, num_nodes); use devices = 1, or a "
+                              "distributed strategy such as fulgur::DDPStrategy for more.");
+}
+
+}  // namespace fulgur::detail
