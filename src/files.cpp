@@ -77,6 +77,25 @@ bool path_exists(const std::string& path) {
   return ::stat(path.c_str(), &info) == 0;
 }
 
+std::string blocking_file(const std::string& folder) {
+  std::string part = folder;
+  while (!part.empty()) {
+    struct stat info {};
+    if (::stat(part.c_str(), &info) == 0) return S_ISDIR(info.st_mode) ? std::string() : part;
+    const std::string parent = parent_folder(part);
+    if (parent == part) break;
+    part = parent;
+  }
+  return {};
+}
+
+void require_creatable_folder(const std::string& folder, const std::string& whose) {
+  const std::string file = blocking_file(folder);
+  if (file.empty()) return;
+  throw MisconfigurationError("fulgur: " + whose + " '" + folder + "' cannot be created: '" + file +
+                              "' is a file, not a folder. Point it at a folder (or a path that does not exist yet).");
+}
+
 std::string parent_folder(const std::string& path) {
   const auto slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";

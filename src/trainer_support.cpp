@@ -3,9 +3,11 @@
 
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "fulgur/accelerators/device_parsing.hpp"
 #include "fulgur/detail/describe.hpp"
@@ -73,11 +75,20 @@ void raise_needs_module(std::string_view verb) {
                               "optimizer) first.");
 }
 
-void raise_clip_arguments(bool both_given) {
-  if (both_given)
+void check_clip_arguments(const ClipGradients& clip) {
+  if (clip.clip_val && clip.max_norm)
     throw MisconfigurationError(
         "Only one of `clip_val` or `max_norm` can be set as this specifies the underlying clipping algorithm!");
-  throw MisconfigurationError("You have to specify either `clip_val` or `max_norm` to do gradient clipping!");
+  if (!clip.clip_val && !clip.max_norm)
+    throw MisconfigurationError("You have to specify either `clip_val` or `max_norm` to do gradient clipping!");
+  const char* field = clip.clip_val ? "clip_val" : "max_norm";
+  const double value = clip.clip_val ? *clip.clip_val : *clip.max_norm;
+  if (!(value >= 0.0))  // NaN too
+    throw MisconfigurationError("fulgur: clip_gradients: `" + std::string(field) + "` must be >= 0, got " +
+                                std::to_string(value) + " (a negative bound would flip or reverse the gradients).");
+  if (std::isnan(clip.norm_type))
+    throw MisconfigurationError("fulgur: clip_gradients: `norm_type` is NaN; use 2.0 (the default), 1.0 or "
+                                "std::numeric_limits<double>::infinity().");
 }
 
 void raise_optimizer_state_mismatch(const c10::Error& error) {

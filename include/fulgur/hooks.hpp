@@ -11,6 +11,7 @@
 // A member with a hook's name that cannot be called in any of these forms is a compile error
 // naming it (a misspelt hook name cannot be caught: docs/loops-and-hooks.md lists every name).
 // The loops call every hook through here, and callbacks will too: one place decides the order.
+#include <exception>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -212,6 +213,8 @@ struct NoCallbacks {
   static constexpr bool reached_by = false;
   template <CallbackGroup, class Hook, class Module, class... Args>
   void call(Hook, TrainerView&, Module&, Args&...) {}
+  template <class Hook, class Module, class Failed, class... Args>
+  void call_guarded(Hook, TrainerView&, Module&, Failed&&, Args&...) {}
 };
 
 /// Calls hooks: sets the logging scope, then calls the callbacks' hook (if the hook reaches
@@ -232,6 +235,21 @@ class HookCaller {
       callbacks_->template call<CallbackGroup::all>(hook, *view_, module_, args...);
     }
     return call_module(hook, std::forward<Args>(args)...);
+  }
+  /// A hook on the way out of a failed or interrupted run (on_exception, teardown): the callbacks and
+  /// the module are each called even if one before throws; what they throw goes to `failed`, so that
+  /// the run's own error is the one that reaches the caller.
+  template <class Hook, class Failed, class... Args>
+  void call_guarded(Hook hook, Failed&& failed, Args&&... args) {
+    if constexpr (reaches_callbacks<Hook, std::remove_reference_t<Args>...>()) {
+      ctx_.enter(Hook::name, Hook::log_scope);
+      callbacks_->call_guarded(hook, *view_, module_, failed, args...);
+    }
+    try {
+      call_module(hook, std::forward<Args>(args)...);
+    } catch (const std::exception& e) {
+      failed(e);
+    }
   }
   /// Lightning's on_train_epoch_end: the callbacks that are not monitoring, the module, `between()`,
   /// then the monitoring callbacks (EarlyStopping, ModelCheckpoint: they see what the module logged).

@@ -316,16 +316,14 @@ class Trainer {
   /// max_norm, an undefined tensor for clip_val.
   template <class Module>
   at::Tensor clip_gradients(Module& module, torch::optim::Optimizer& optimizer, const ClipGradients& clip) {
-    if (clip.clip_val && clip.max_norm) detail::raise_clip_arguments(/*both_given=*/true);
+    detail::check_clip_arguments(clip);
     torch::nn::Module& m = detail::referent(module);
     if (clip.clip_val) {
       strategy_.clip_gradients_value(m, optimizer, *clip.clip_val, precision_);
       return {};
     }
-    if (clip.max_norm)
-      return strategy_.clip_gradients_norm(m, optimizer, *clip.max_norm, clip.norm_type, clip.error_if_nonfinite,
-                                           precision_);
-    detail::raise_clip_arguments(/*both_given=*/false);
+    return strategy_.clip_gradients_norm(m, optimizer, *clip.max_norm, clip.norm_type, clip.error_if_nonfinite,
+                                         precision_);
   }
 
   /// Steps the optimizer through the strategy and the precision; false when the step was skipped

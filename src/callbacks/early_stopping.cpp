@@ -69,7 +69,11 @@ void EarlyStopping::check(TrainerView& trainer) {
     const std::string text = "Early stopping conditioned on metric `" + options_.monitor +
                              "` which is not available. Pass in or modify your `EarlyStopping` callback to use any "
                              "of the following: " + trainer.metric_names() +
-                             " (log it with ctx.log(\"" + options_.monitor + "\", value), or set strict = false).";
+                             " (log it with ctx.log(\"" + options_.monitor + "\", value), or set strict = false)." +
+                             (!trainer.has_validation() && options_.monitor.rfind("val", 0) == 0
+                                  ? " fit was given no validation data: pass a validation loader, or monitor a "
+                                    "training metric."
+                                  : "");
     if (options_.strict) throw MisconfigurationError(text);
     if (options_.verbose && trainer.is_global_zero()) std::cerr << text << std::endl;
     return;

@@ -84,6 +84,7 @@ void ModelCheckpoint::setup(TrainerView& trainer, Stage stage) {
     dirpath_ = detail::absolute_path((trainer.has_loggers() ? trainer.log_dir() : trainer.config().default_root_dir) +
                                      "/checkpoints");
   dirpath_ = trainer.broadcast(dirpath_);
+  detail::require_creatable_folder(dirpath_, "ModelCheckpoint's dirpath");  // now, not after the first epoch
 }
 
 void ModelCheckpoint::on_train_start(TrainerView&) { last_time_check_ = std::chrono::steady_clock::now(); }

@@ -16,6 +16,7 @@ void LogDirectory::resolve(const std::string& default_root_dir) {
   if (resolved()) return;  // one logger object keeps its version across fit/validate/test
   const std::string base = options_.save_dir.empty() ? default_root_dir : options_.save_dir;
   const std::string root = options_.name.empty() ? base : base + "/" + options_.name;
+  fulgur::detail::require_creatable_folder(root, "the logger's folder (save_dir/name)");  // before the run, not at its first write
   if (options_.version) {
     if (const auto* n = std::get_if<std::int64_t>(&*options_.version))
       version_ = "version_" + std::to_string(*n);

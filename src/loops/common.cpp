@@ -83,7 +83,7 @@ std::string non_finite_evaluation_warning(std::string_view what, std::string_vie
                                           const StepContext& ctx, bool global_zero) {
   std::string text = "fulgur: the " + std::string(what) + " loss is " + (std::isnan(loss) ? "NaN" : "infinite") +
                      " at epoch " + std::to_string(ctx.current_epoch) + " (global_step " + std::to_string(ctx.global_step) +
-                     "); a " + std::string(step) + " returned a non-finite loss. Check the data and the model's outputs.";
+                     ")" + (ctx.sanity_checking ? ", in the sanity check before training" : "") + "; a " + std::string(step) + " returned a non-finite loss. Check the data and the model's outputs.";
   if (global_zero) std::cerr << text << std::endl;
   return text;
 }
@@ -108,6 +108,11 @@ void require_parameters(const torch::optim::Optimizer& optimizer, std::string_vi
                               " over no parameters, which would train nothing (PyTorch: \"optimizer got an empty "
                               "parameter list\"); build it from the module's parameters(), e.g. "
                               "std::make_unique<torch::optim::Adam>(parameters(), 1e-3).");
+}
+
+std::string shutdown_failure_text(std::string_view where, const std::exception& thrown, const std::exception& original) {
+  return "fulgur: " + std::string(where) + " threw while the run was ending: " + thrown.what() +
+         " (reported here; the run's own error or interruption is what fit returns or throws: " + original.what() + ")";
 }
 
 std::string parameters_text(torch::nn::Module& module) {

@@ -62,6 +62,16 @@ void FitState::write_requested_checkpoints() {
   for (const auto& path : removals) remove_checkpoint(path);
 }
 
+void FitState::release_checkpoints(bool write) {
+  checkpoints_held_ = false;
+  if (write) {
+    write_requested_checkpoints();
+  } else {
+    saves_.clear();
+    removals_.clear();
+  }
+}
+
 // ---- the run ------------------------------------------------------------------------------------
 
 void FitState::check_optimizers(bool automatic) const {
@@ -202,6 +212,7 @@ std::string FitState::write_preemption_checkpoint() {
 void FitState::end_preempted(const Preempted& e) {  // the batch finished: save where the run is, then shut down
   std::string path;
   try {
+    release_checkpoints(/*write=*/true);
     path = write_preemption_checkpoint();
   } catch (const std::exception& failure) {  // the shutdown still runs; the error says both
     loop_link_.shut_down(e, "failed", /*teardown=*/true);
@@ -218,6 +229,12 @@ void FitState::end_preempted(const Preempted& e) {  // the batch finished: save 
 }
 
 void FitState::end_interrupted(const Interrupted& e) {  // Ctrl-C: the step finished; shut down as Lightning does
+  try {
+    release_checkpoints(/*write=*/true);  // what a callback asked for before the signal
+  } catch (const std::exception&) {
+    loop_link_.shut_down(e, "failed", /*teardown=*/true);
+    throw;
+  }
   loop_link_.shut_down(e, "interrupted", /*teardown=*/true);
   result_.interrupted = true;
   progress_.stop_reason = e.what();
@@ -441,6 +458,13 @@ StateDict FitState::restore_progress(const StateDict& c) {
   }
   ctx_.current_epoch = progress_.epochs_done;
   ctx_.global_step = progress_.global_step;
+  // Past the end this run asks for: nothing trains, which a user who raised the wrong limit should hear.
+  if (config_.max_steps >= 0 && progress_.global_step >= config_.max_steps)
+    warn("fulgur: " + what + " is at global_step " + std::to_string(progress_.global_step) + ", already at or past "
+         "max_steps = " + std::to_string(config_.max_steps) + ": nothing will train. Raise max_steps to train on.");
+  else if (config_.max_epochs && *config_.max_epochs >= 0 && progress_.epochs_done >= *config_.max_epochs && resume_batch_ == 0)
+    warn("fulgur: " + what + " is at the end of epoch " + std::to_string(progress_.epochs_done) + ", already at or "
+         "past max_epochs = " + std::to_string(*config_.max_epochs) + ": nothing will train. Raise max_epochs to train on.");
   resume_metrics_ = checkpoint::require(loop, "metrics", what).toList();
   resume_views_ = checkpoint::require(loop, "views", what).toGenericDict();
   const auto ranks = checkpoint::require_dict(checkpoint::require_dict(c, "fulgur", what), "ranks", what).at("per_rank").toList();

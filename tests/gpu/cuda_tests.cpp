@@ -110,7 +110,7 @@ TEST_CASE("fused optimizers on CUDA: the CPU kernels' results, the scaler's skip
   }
 }
 
-TEST_CASE("CUDA devices: parsing against the real device count; wrong-device batches are clear errors", "[cuda]") {
+TEST_CASE("CUDA devices: parsing against the real device count, wrong-device batches are clear errors", "[cuda]") {
   CHECK(CUDAAccelerator::parse_devices(-1).size() == static_cast<std::size_t>(CUDAAccelerator::auto_device_count()));
   CHECK(CUDAAccelerator::supports_dtype(c10::Device(c10::kCUDA, 0), c10::kHalf));
   CudaTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
@@ -143,7 +143,7 @@ TEST_CASE("init_tensor and init_module create tensors and parameters on the GPU 
   CHECK(torch::zeros({1}).is_cpu());
 }
 
-TEST_CASE("predict on CUDA returns CPU tensors in order; validate on a fresh module moves it", "[cuda]") {
+TEST_CASE("predict on CUDA returns CPU tensors in order, validate on a fresh module moves it", "[cuda]") {
   struct PredictorImpl : test::ClassifierImpl {
     at::Tensor predict_step(const data::Batch& b, std::int64_t) { return forward(b.input); }
   };

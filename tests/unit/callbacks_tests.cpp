@@ -505,3 +505,112 @@ TEST_CASE("Ctrl-C during fit: the step finishes, on_exception and teardown run, 
   CbTrainer<> plain(test::quiet({.max_epochs = 1, .handle_interrupt = false}));
   CHECK_FALSE(plain.fit(untouched, loader(8)).interrupted);
 }
+
+// ---- the second new-user probe ------------------------------------------------------------------
+
+namespace {
+struct FailsThenThrowsInOnException {
+  void on_train_epoch_end(TrainerView&) { throw std::runtime_error("first failure"); }
+  void on_exception(TrainerView&, const std::exception&) { throw std::runtime_error("second failure"); }
+};
+struct RecordsShutdown {
+  std::vector<std::string>* seen;
+  void on_exception(TrainerView&, const std::exception& e) { seen->push_back(std::string("on_exception: ") + e.what()); }
+};
+struct PredictingImpl : ScriptedImpl {
+  at::Tensor predict_step(const data::Batch& b, std::int64_t) { return fc(b.input); }
+};
+TORCH_MODULE(Predicting);
+}  // namespace
+
+TEST_CASE("save_checkpoint after an interrupted or failed fit writes the file, which resumes (probe regressions)",
+          "[callbacks][interrupt][checkpoint]") {
+  const std::string root = test::temporary_directory("save_after_stop");
+  {  // Ctrl-C mid-epoch: fit returns interrupted, then the program saves what it needs
+    Scripted model;
+    model->raise_at = 4;
+    CbTrainer<> trainer(test::quiet({.max_epochs = 4, .default_root_dir = root}));
+    REQUIRE(trainer.fit(model, loader(12)).interrupted);
+    trainer.save_checkpoint("after_interrupt.ckpt");
+    CHECK(fulgur::detail::path_exists(root + "/after_interrupt.ckpt"));
+    Scripted resumed;
+    CbTrainer<> next(test::quiet({.max_epochs = 4, .default_root_dir = root}));
+    CHECK(next.fit(resumed, loader(12), FitOptions{.ckpt_path = "after_interrupt.ckpt"}).global_step == 12);
+  }
+  {  // a callback that throws: the error reaches the caller; a save afterwards is written, not queued
+    std::vector<std::string> seen;
+    Scripted model;
+    CbTrainer<ThrowingCallback> trainer(test::quiet({.max_epochs = 3, .default_root_dir = root}), ThrowingCallback{&seen});
+    CHECK_THROWS_AS(trainer.fit(model, loader(8)), std::out_of_range);
+    trainer.save_checkpoint("after_failure.ckpt");
+    CHECK(fulgur::detail::path_exists(root + "/after_failure.ckpt"));
+  }
+}
+
+TEST_CASE("an on_exception that throws does not replace the run's error, and later callbacks still run (probe regressions)",
+          "[callbacks][errors]") {
+  std::vector<std::string> seen;
+  Scripted model;
+  CbTrainer<FailsThenThrowsInOnException, RecordsShutdown> trainer(test::quiet({.max_epochs = 2}),
+                                                                    FailsThenThrowsInOnException{}, RecordsShutdown{&seen});
+  CHECK_THROWS_WITH(trainer.fit(model, loader(8)), "first failure");
+  CHECK(seen == std::vector<std::string>{"on_exception: first failure"});
+  CHECK(model->exceptions == std::vector<std::string>{"first failure"});  // the module's hook ran too
+  // The same in a stage that only evaluates.
+  struct ThrowsInTest {
+    void on_test_batch_end(TrainerView&) { throw std::runtime_error("test failure"); }
+    void on_exception(TrainerView&, const std::exception&) { throw std::runtime_error("second failure"); }
+  };
+  std::vector<std::string> seen_in_test;
+  CbTrainer<ThrowsInTest, RecordsShutdown> tester(test::quiet(), ThrowsInTest{}, RecordsShutdown{&seen_in_test});
+  CHECK_THROWS_WITH(tester.test(model, loader(8)), "test failure");
+  CHECK(seen_in_test == std::vector<std::string>{"on_exception: test failure"});
+}
+
+TEST_CASE("folders that cannot be created are refused when fit starts, naming who wants them (probe regressions)",
+          "[callbacks][loggers][errors]") {
+  const std::string root = test::temporary_directory("blocked_folders");
+  std::ofstream(root + "/a_file") << "x";
+  Scripted model;
+  CbTrainer<CSVLogger> logging(test::quiet({.max_epochs = 1, .default_root_dir = root}),
+                               CSVLogger({.save_dir = root + "/a_file/logs"}));
+  const std::string logger_error = test::message_of<MisconfigurationError>([&] { logging.fit(model, loader(8)); });
+  CHECK_THAT(logger_error, Catch::Contains("the logger's folder") && Catch::Contains("a_file' is a file"));
+  CHECK(logging.callback<CSVLogger>().log_dir().empty());  // refused before a run began
+  CbTrainer<ModelCheckpoint> checkpointing(test::quiet({.max_epochs = 1, .default_root_dir = root}),
+                                           ModelCheckpoint({.dirpath = root + "/a_file"}));
+  const std::string checkpoint_error = test::message_of<MisconfigurationError>([&] { checkpointing.fit(model, loader(8)); });
+  CHECK_THAT(checkpoint_error, Catch::Contains("ModelCheckpoint's dirpath"));
+}
+
+TEST_CASE("messages that name the cause: EarlyStopping without validation data, a NaN in the sanity check, predict "
+          "on empty data, a resume already past max_steps (probe regressions)", "[callbacks][errors]") {
+  Scripted model;
+  CbTrainer<EarlyStopping> stopping(test::quiet({.max_epochs = 2}), EarlyStopping({.monitor = "val_loss"}));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { stopping.fit(model, loader(8)); }),
+             Catch::Contains("fit was given no validation data"));
+
+  Scripted nan_model(std::vector<double>{1.0});
+  auto nan_inputs = torch::full({8, 4}, std::nan(""));
+  data::TensorLoader nan_val(nan_inputs, torch::zeros({8}, at::kLong), {.batch_size = 4});
+  CbTrainer<> sane(test::quiet({.max_epochs = 1}));
+  const FitResult result = sane.fit(nan_model, loader(8), nan_val);
+  REQUIRE_FALSE(result.warnings.empty());
+  CHECK_THAT(result.warnings.front(), Catch::Contains("in the sanity check before training"));
+
+  Predicting predicting;
+  CbTrainer<> predictor(test::quiet());
+  data::TensorLoader empty(torch::randn({0, 4}), torch::zeros({0}, at::kLong), {.batch_size = 4});
+  CHECK_THAT(test::message_of<DataError>([&] { predictor.predict(predicting, empty); }),
+             Catch::Contains("predict data yielded no batches"));
+
+  const std::string root = test::temporary_directory("past_max_steps");
+  CbTrainer<> first(test::quiet({.max_steps = 6, .default_root_dir = root}));
+  first.fit(model, loader(8));
+  first.save_checkpoint("at6.ckpt");
+  CbTrainer<> shorter(test::quiet({.max_steps = 4, .default_root_dir = root}));
+  const FitResult resumed = shorter.fit(model, loader(8), FitOptions{.ckpt_path = "at6.ckpt"});
+  CHECK(resumed.global_step == 6);
+  REQUIRE(resumed.warnings.size() == 1);
+  CHECK_THAT(resumed.warnings.front(), Catch::Contains("past max_steps = 4: nothing will train"));
+}

@@ -571,3 +571,32 @@ TEST_CASE("dispatch: the sharded strategies, 'auto' on each axis, and errors tha
         "cpu/single_device/32-true");  // all the CPU's devices: one
 }
 
+
+TEST_CASE("Fabric-level misuse: a negative clip bound, optimizer_step before trainer.backward (probe regressions)",
+          "[trainer][fabric][errors]") {
+  torch::manual_seed(0);
+  test::Classifier model;
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  auto [x, y] = test::classification_data(16);
+  {
+    test::CpuTrainer<FloatPrecision> trainer(test::quiet());
+    trainer.setup(model, optimizer);
+    trainer.backward(torch::nn::functional::cross_entropy(model->forward(x), y));
+    const at::Tensor before = model->parameters().front().grad().clone();
+    CHECK_THAT(test::message_of<MisconfigurationError>([&] { trainer.clip_gradients(model, optimizer, {.max_norm = -1.0}); }),
+               Catch::Contains("`max_norm` must be >= 0, got -1"));
+    CHECK_THAT(test::message_of<MisconfigurationError>([&] { trainer.clip_gradients(model, optimizer, {.clip_val = -0.5}); }),
+               Catch::Contains("`clip_val` must be >= 0"));
+    CHECK_THROWS_AS(trainer.clip_gradients(model, optimizer, {.clip_val = std::nan("")}), MisconfigurationError);
+    CHECK(torch::equal(model->parameters().front().grad(), before));  // nothing was touched
+    CHECK_THROWS_WITH(trainer.clip_gradients(model, optimizer, {.clip_val = 1.0, .max_norm = 1.0}),
+                      Catch::Contains("Only one of `clip_val` or `max_norm`"));
+  }
+  {
+    test::CpuTrainer<FP16MixedPrecision> trainer(test::quiet());
+    trainer.setup(model, optimizer);
+    torch::nn::functional::cross_entropy(model->forward(x), y).backward();  // not trainer.backward
+    CHECK_THAT(test::message_of<GradScalerError>([&] { trainer.optimizer_step(optimizer); }),
+               Catch::Contains("call trainer.backward(loss)"));
+  }
+}

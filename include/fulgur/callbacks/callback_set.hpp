@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <exception>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -57,6 +58,20 @@ class CallbackSet {
   template <hooks::CallbackGroup group, class Hook, class Module, class... Args>
   void call(Hook hook, TrainerView& view, Module& module, Args&... args) {
     std::apply([&](auto&... item) { (call_one<group>(item, hook, view, module, args...), ...); }, items_);
+  }
+  /// The same on the way out of a failed run: every callback is called even if one throws; what one
+  /// throws goes to `failed` (the run's own error is the one that reaches the caller).
+  template <class Hook, class Module, class Failed, class... Args>
+  void call_guarded(Hook hook, TrainerView& view, Module& module, Failed&& failed, Args&... args) {
+    std::apply([&](auto&... item) {
+      ([&] {
+        try {
+          call_one<hooks::CallbackGroup::all>(item, hook, view, module, args...);
+        } catch (const std::exception& e) {
+          failed(e);
+        }
+      }(), ...);
+    }, items_);
   }
 
   // ---- loggers ----------------------------------------------------------------------------------

@@ -16,6 +16,13 @@ void rename_path(const std::string& from, const std::string& to);
 /// rm -rf; nothing if the path does not exist.
 void remove_tree(const std::string& path);
 bool path_exists(const std::string& path);
+/// The first part of `folder` (itself, or a parent) that exists and is not a folder, so that the
+/// folder cannot be created: "" when it can be (it exists, or every existing part is a folder).
+std::string blocking_file(const std::string& folder);
+/// Refuses, before a run writes anything, a folder that cannot be created because `blocking_file`
+/// found a file on its way: a MisconfigurationError naming `whose` (e.g. "CSVLogger's save_dir"), the
+/// folder and the file.
+void require_creatable_folder(const std::string& folder, const std::string& whose);
 /// The path from the root: a relative one is taken from the current directory (getcwd); "./" and a
 /// trailing "/." are dropped. A path that is absolute stays as it is.
 std::string absolute_path(const std::string& path);

@@ -38,7 +38,8 @@ std::string fit_checkpoint(const TrainerConfig& config, const std::string& ckpt_
 
 // ---- the Trainer's errors, each naming what was wrong and what to do ------------------------------
 [[noreturn]] void raise_needs_module(std::string_view verb);
-[[noreturn]] void raise_clip_arguments(bool both_given);
+/// Refuses a ClipGradients that names both bounds or neither, a negative or NaN bound, a NaN norm type.
+void check_clip_arguments(const ClipGradients& clip);
 [[noreturn]] void raise_optimizer_state_mismatch(const c10::Error& error);
 [[noreturn]] void raise_save_checkpoint_outside_fit();
 [[noreturn]] void raise_progress_bar_disabled();

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <iterator>
+#include <iostream>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -100,6 +101,10 @@ bool stop_if_signalled(Host& host, Where&& where, bool training_done = false) {
 
 /// "the module's parameters are float32 on cpu" (for errors about a batch that does not fit).
 std::string parameters_text(torch::nn::Module& module);
+
+/// What a hook or a logger threw while a run was ending on `original` (an error or an interruption):
+/// one line that names both and says that `original` is what goes on.
+std::string shutdown_failure_text(std::string_view where, const std::exception& thrown, const std::exception& original);
 
 // ---- the loops' failures, compiled once (src/loops/common.cpp): each names where and what to do ----
 /// A resumed epoch's batches before its position are passed over, and the data ran out.
@@ -207,8 +212,15 @@ auto run_evaluation_stage(Host& host, Module& module, Data& data, Stage stage, R
     services.callbacks().finalize_loggers("success");
     return result;
   } catch (const std::exception& e) {
-    hook(hooks::on_exception, e);
-    services.callbacks().finalize_loggers("failed");
+    auto report = [&](std::string_view where) {
+      return [&e, where](const std::exception& thrown) { std::cerr << shutdown_failure_text(where, thrown, e) << std::endl; };
+    };
+    hook.call_guarded(hooks::on_exception, report("on_exception"), e);
+    try {
+      services.callbacks().finalize_loggers("failed");
+    } catch (const std::exception& thrown) {
+      report("a logger's finalize")(thrown);
+    }
     throw;
   }
 }

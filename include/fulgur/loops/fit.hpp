@@ -122,6 +122,7 @@ class FitLoop final : private detail::LoopLink, public FitState {
     } catch (const Interrupted& e) {
       end_interrupted(e);
     } catch (const std::exception& e) {
+      release_checkpoints(/*write=*/false);
       shut_down(e, "failed", /*teardown=*/false);
       throw;
     }
@@ -150,10 +151,19 @@ class FitLoop final : private detail::LoopLink, public FitState {
   }
   void on_save_checkpoint(StateDict& checkpoint) override { hook_(hooks::on_save_checkpoint, checkpoint); }
   void on_load_checkpoint(const StateDict& checkpoint) override { hook_(hooks::on_load_checkpoint, checkpoint); }
+  // Every hook and logger runs even if one throws; what they throw is reported, and the run's own
+  // error (or interruption) is what the caller sees.
   void shut_down(const std::exception& e, const char* status, bool teardown) override {
-    hook_(hooks::on_exception, e);
-    callbacks().finalize_loggers(status);
-    if (teardown) hook_(hooks::teardown, Stage::fit);
+    auto report = [&](std::string_view where) {
+      return [this, &e, where](const std::exception& thrown) { warn(shutdown_failure_text(where, thrown, e)); };
+    };
+    hook_.call_guarded(hooks::on_exception, report("on_exception"), e);
+    try {
+      callbacks().finalize_loggers(status);
+    } catch (const std::exception& thrown) {
+      report("a logger's finalize")(thrown);
+    }
+    if (teardown) hook_.call_guarded(hooks::teardown, report("teardown"), Stage::fit);
   }
   void manual_backward(const at::Tensor& loss) override {
     if constexpr (!automatic) optimization_->backward(loss);

@@ -64,6 +64,10 @@ class FitState {
   // ---- checkpoints asked for while a batch or an epoch's end is under way -------------------------
   /// While held, requested saves wait for write_requested_checkpoints().
   void hold_checkpoints(bool held) { checkpoints_held_ = held; }
+  /// The end of a run that did not finish its epoch: saves asked for since the epoch began are
+  /// written (`write`: an interruption, taken between steps) or dropped (an error), and later ones
+  /// (Trainer::save_checkpoint after fit) are written at once.
+  void release_checkpoints(bool write);
 
   // ---- the run ----------------------------------------------------------------------------------
   /// configure_optimizers' answer fits the optimization mode and the config (Lightning's checks).

@@ -83,6 +83,8 @@ auto predict(Host& host, Module& module, Data& data) {
     return 0;  // never reached: the static_assert above is the one error
   } else {
     return run_evaluation_stage(host, module, data, Stage::predict, [&](auto& hook, auto& loader, detail::MetricViews&) {
+      require_batches(loader, host.config().limit_predict_batches, "predict",
+                      "give it samples, or check limit_predict_batches.");  // as validate and test do
       PredictionLoop<Host, Module, std::remove_reference_t<decltype(loader)>> loop(host, hook, loader);
       return loop.run(batch_limit(loader, host.config().limit_predict_batches, "limit_predict_batches"));
     });

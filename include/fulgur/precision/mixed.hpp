@@ -71,7 +71,10 @@ class MixedPrecision {
   /// then does nothing. (GradScaler::unscale_ itself refuses a second call, as Python's does.)
   void unscale_gradients(torch::optim::Optimizer& optimizer) {
     if constexpr (uses_scaler)
-      if (scaler_.stage(optimizer) == GradScaler::Stage::ready) scaler_.unscale_(optimizer);
+      if (scaler_.stage(optimizer) == GradScaler::Stage::ready) {
+        require_scaled_loss();
+        scaler_.unscale_(optimizer);
+      }
   }
   /// Whether the scaler hands the scale to the optimizer's kernel (an optim::ScaledStepOptimizer):
   /// the gradients then need no unscaling pass of their own.
@@ -86,6 +89,7 @@ class MixedPrecision {
     if constexpr (uses_scaler) {
       if (dynamic_cast<torch::optim::LBFGS*>(&optimizer) != nullptr)
         throw MisconfigurationError("AMP and the LBFGS optimizer are not compatible.");
+      require_scaled_loss();
       const bool stepped = scaler_.step(optimizer);
       scaler_.update();
       return stepped;
@@ -110,6 +114,14 @@ class MixedPrecision {
   c10::DeviceType device_type() const { return device_type_; }
 
  private:
+  // The Fabric-level loop's usual slip: loss.backward() where trainer.backward(loss) scales the loss.
+  void require_scaled_loss() const {
+    if (scaler_.is_enabled() && !scaler_.scale_tensor().defined())
+      throw GradScalerError("fulgur: optimizer_step (or unscaling, clipping) under '16-mixed' before any loss was "
+                            "scaled: call trainer.backward(loss), which scales the loss for the GradScaler, instead "
+                            "of loss.backward().");
+  }
+
   c10::DeviceType device_type_;
   [[no_unique_address]] Scaler scaler_;
 };
