@@ -10,6 +10,9 @@
 // by hand: a clock read per step for the progress line, the loss read every 50 steps and appended
 // to a CSV file (kept open), a line at the epoch's end. Its ratio is fulgur's overhead for the same
 // output; `bare_us` (the hand loop without logging) shows what the logging itself costs.
+// BM_loader times fit on the same shuffled in-memory data read two ways: TensorLoader, and
+// DataLoader over a TensorDataset with num_workers = 0 (ratio = DataLoader / TensorLoader, goal
+// <= 1.02: the loader's generality costs nothing when it is not used).
 #include <ATen/autocast_mode.h>
 #include <benchmark/benchmark.h>
 #include <fulgur/detail/files.hpp>
@@ -192,6 +195,41 @@ void BM_step(benchmark::State& state) {
   state.SetLabel(std::string(P::name));
 }
 
+/// fit over TensorLoader against fit over DataLoader(TensorDataset, num_workers = 0), 32-true.
+void BM_loader(benchmark::State& state) {
+  using Trainer = fulgur::Trainer<fulgur::CPUAccelerator, fulgur::SingleDeviceStrategy, fulgur::FloatPrecision>;
+  torch::manual_seed(0);
+  const auto x = torch::randn({kSteps * kBatch, kIn});
+  const auto y = torch::randint(kClasses, {kSteps * kBatch}, at::kLong);
+  fulgur::data::TensorLoader tensor_loader(x, y, {.batch_size = kBatch, .shuffle = true, .seed = 1});
+  fulgur::data::DataLoader data_loader(fulgur::data::TensorDataset(x, y),
+                                       {.batch_size = kBatch, .shuffle = true, .num_workers = 0, .seed = 1});
+  Trainer trainer({.max_epochs = 1, .enable_progress_bar = false});
+  std::vector<double> tensor_us, data_us, ratios;
+  bool data_first = false;
+  using clock = std::chrono::steady_clock;
+  for (auto _ : state) {
+    Mlp a, b;
+    double t_tensor = 0, t_data = 0;
+    auto time = [&](Mlp& model, auto& loader, double& out) {
+      loader.set_epoch(0);
+      const auto t0 = clock::now();
+      trainer.fit(model, loader);
+      out = std::chrono::duration<double, std::micro>(clock::now() - t0).count() / kSteps;
+    };
+    if (data_first) { time(a, data_loader, t_data); time(b, tensor_loader, t_tensor); }
+    else { time(a, tensor_loader, t_tensor); time(b, data_loader, t_data); }
+    data_first = !data_first;
+    tensor_us.push_back(t_tensor);
+    data_us.push_back(t_data);
+    ratios.push_back(t_data / t_tensor);
+    state.SetIterationTime(t_data * 1e-6 * kSteps);
+  }
+  state.counters["tensor_loader_us"] = median(tensor_us);
+  state.counters["data_loader_us"] = median(data_us);
+  state.counters["ratio"] = median(ratios);
+}
+
 }  // namespace
 
 // The matrix: every compatible CPU single-device combination, from the shipped policy lists.
@@ -213,6 +251,7 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond)
         ->MinTime(3.0);
   });
+  benchmark::RegisterBenchmark("BM_loader/32-true", BM_loader)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(3.0);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -2,7 +2,7 @@
 # Quality gates beyond the test suite (docs/development.md says what each covers and why):
 #
 #   scripts/check.sh asan    ASan + UBSan build (build-asan/): unit, checkpoint and distributed tests
-#   scripts/check.sh tsan    TSan build (build-tsan/): DDP, sharded, launcher and fault tests on 2 ranks
+#   scripts/check.sh tsan    TSan build (build-tsan/): DDP, sharded, launcher and fault tests on 2 ranks, DataLoader workers
 #   scripts/check.sh clang   clang build (build-clang/): library, tests and compile-fail suite
 #   scripts/check.sh tidy    clang-tidy (.clang-tidy) over src/ and include/ (build-tidy/: configured only)
 #   scripts/check.sh all     the four, in that order
@@ -53,9 +53,10 @@ run_tsan() {
   # a race in instrumented code on a LibTorch thread is still reported.
   export TSAN_OPTIONS="halt_on_error=1:ignore_noninstrumented_modules=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
   # The threads fulgur runs: the DDP reducer's hooks and its Gloo work, the store heartbeat and the
-  # stuck-rank diagnosis, the launcher's signal forwarding and its workers' reaping.
+  # stuck-rank diagnosis, the launcher's signal forwarding and its workers' reaping, the DataLoader's
+  # workers (their hand-off, errors, early exits and two epochs at once).
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" \
-    -R '^(sanitizer\.|unit\..*DDP|distributed\.(torchrun|fault|launcher)\.|distributed\.sharded\..*ranks2$)' "$@"
+    -R '^(sanitizer\.|unit\..*DDP|unit\.data loader:|distributed\.(torchrun|fault|launcher)\.|distributed\.sharded\..*ranks2$)' "$@"
 }
 
 run_clang() {

@@ -72,10 +72,19 @@ class TrainingEpochLoop {
            bool skip = true) {
     fit_start_ = fit_start;
     summary_ = &summary;
-    auto it = std::begin(p_.data);
+    // A loader that can start mid-epoch (begin_at) does so without reading the batches before.
+    constexpr bool starts_anywhere = requires { p_.data.begin_at(first_batch); p_.data.size(); };
+    auto it = [&] {
+      if constexpr (starts_anywhere) return skip ? p_.data.begin_at(first_batch) : std::begin(p_.data);
+      else return std::begin(p_.data);
+    }();
     auto end = std::end(p_.data);
-    for (std::int64_t i = 0; skip && i < first_batch; ++i, ++it)
-      if (it == end) raise_resume_past_data(summary.epoch, first_batch, i);
+    if constexpr (starts_anywhere) {
+      if (skip && first_batch > 0 && it == end) raise_resume_past_data(summary.epoch, first_batch, p_.data.size());
+    } else {
+      for (std::int64_t i = 0; skip && i < first_batch; ++i, ++it)
+        if (it == end) raise_resume_past_data(summary.epoch, first_batch, i);
+    }
     std::optional<batch_of_t<TrainData>> current;
     if (max_batches_ != 0 && it != end && (max_batches_ < 0 || first_batch < max_batches_)) {
       current.emplace(*it);

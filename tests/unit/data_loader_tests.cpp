@@ -1,0 +1,427 @@
+// fulgur::data::DataLoader: collate, order, workers, determinism, faults, sharding, fit and resume.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "fulgur/data/data_loader.hpp"
+#include "unit/support.hpp"
+
+using namespace fulgur;
+using fulgur::data::Batch;
+using fulgur::data::DataLoader;
+using fulgur::data::TensorDataset;
+
+namespace {
+
+/// Sample i: a 4-vector of i's, target i; counts its reads and the threads that made them.
+struct CountingDataset {
+  std::int64_t n = 40;
+  std::shared_ptr<std::atomic<std::int64_t>> reads = std::make_shared<std::atomic<std::int64_t>>(0);
+  std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
+  std::shared_ptr<std::set<std::thread::id>> threads = std::make_shared<std::set<std::thread::id>>();
+  std::shared_ptr<std::vector<std::int64_t>> read_indices = std::make_shared<std::vector<std::int64_t>>();
+  std::chrono::milliseconds delay{0};
+  std::int64_t throw_at = -1;
+
+  std::int64_t size() const { return n; }
+  Batch get(std::int64_t i) const {
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    if (i == throw_at) throw std::out_of_range("sample " + std::to_string(i) + " is corrupt");
+    ++*reads;
+    {
+      std::lock_guard lock(*mutex);
+      threads->insert(std::this_thread::get_id());
+      read_indices->push_back(i);
+    }
+    return Batch{at::full({4}, static_cast<double>(i), at::kFloat), at::scalar_tensor(i, at::kLong)};
+  }
+};
+
+/// An augmenting dataset: a random crop and flip drawn from the generator the loader hands over.
+struct AugmentedDataset {
+  at::Tensor images = at::arange(24 * 3 * 8 * 8, at::kFloat).reshape({24, 3, 8, 8});
+  std::int64_t size() const { return images.size(0); }
+  std::pair<at::Tensor, std::int64_t> get(std::int64_t i, at::Generator& generator) const {
+    const auto offsets = at::randint(3, {2}, generator, at::kLong);
+    auto crop = images[i].narrow(1, offsets[0].item<std::int64_t>(), 6).narrow(2, offsets[1].item<std::int64_t>(), 6);
+    if (at::rand({1}, generator).item<double>() < 0.5) crop = crop.flip({2});
+    return {crop + at::randn({3, 6, 6}, generator) * 0.1, i};
+  }
+};
+
+template <class Loader>
+std::vector<std::pair<at::Tensor, at::Tensor>> epoch_of(const Loader& loader) {
+  std::vector<std::pair<at::Tensor, at::Tensor>> out;
+  for (const auto& b : loader) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(b)>, Batch>) out.emplace_back(b.input, b.target);
+    else out.emplace_back(b.first, b.second);
+  }
+  return out;
+}
+
+bool same_batches(const std::vector<std::pair<at::Tensor, at::Tensor>>& a,
+                  const std::vector<std::pair<at::Tensor, at::Tensor>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!test::identical(a[i].first, b[i].first) || !test::identical(a[i].second, b[i].second)) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("data loader: default_collate keeps the structure and stacks the leaves as Python does", "[data][collate]") {
+  using data::default_collate;
+  std::vector<at::Tensor> tensors{at::ones({2, 3}), at::zeros({2, 3})};
+  CHECK(default_collate(std::span<const at::Tensor>(tensors)).sizes() == at::IntArrayRef({2, 2, 3}));
+
+  std::vector<std::tuple<at::Tensor, std::int64_t, double, bool, std::string>> rows{
+      {at::ones({3}), 1, 0.5, true, "a"}, {at::zeros({3}), 2, 1.5, false, "b"}};
+  auto [t, ints, doubles, bools, strings] = default_collate(std::span<const decltype(rows)::value_type>(rows));
+  CHECK(t.sizes() == at::IntArrayRef({2, 3}));
+  CHECK(ints.scalar_type() == at::kLong);
+  CHECK(torch::equal(ints, at::tensor({1, 2}, at::kLong)));
+  CHECK(doubles.scalar_type() == at::kDouble);  // Python: float -> float64
+  CHECK(bools.scalar_type() == at::kBool);
+  CHECK((strings == std::vector<std::string>{"a", "b"}));
+
+  std::vector<std::map<std::string, at::Tensor>> maps{{{"x", at::ones({2})}, {"y", at::ones({1})}},
+                                                      {{"x", at::zeros({2})}, {"y", at::zeros({1})}}};
+  auto collated = default_collate(std::span<const std::map<std::string, at::Tensor>>(maps));
+  CHECK(collated.at("x").sizes() == at::IntArrayRef({2, 2}));
+  CHECK(collated.at("y").sizes() == at::IntArrayRef({2, 1}));
+
+  std::vector<std::vector<at::Tensor>> lists{{at::ones({2}), at::ones({5})}, {at::zeros({2}), at::zeros({5})}};
+  auto columns = default_collate(std::span<const std::vector<at::Tensor>>(lists));
+  REQUIRE(columns.size() == 2);
+  CHECK(columns[1].sizes() == at::IntArrayRef({2, 5}));
+
+  std::vector<at::Tensor> ragged{at::ones({3}), at::ones({4})};
+  CHECK_THAT(test::message_of<DataError>([&] { (void)default_collate(std::span<const at::Tensor>(ragged)); }),
+             Catch::Contains("sample 1 is [4] Float but sample 0 is [3] Float"));
+  std::vector<std::map<std::string, at::Tensor>> missing{{{"x", at::ones({2})}}, {{"z", at::ones({2})}}};
+  CHECK_THAT(test::message_of<DataError>(
+                 [&] { (void)default_collate(std::span<const std::map<std::string, at::Tensor>>(missing)); }),
+             Catch::Contains("sample 1 of the batch has no key 'x'"));
+}
+
+TEST_CASE("data loader: sequential and shuffled orders, drop_last, size and a new order each epoch", "[data][loader]") {
+  CountingDataset dataset{.n = 10};
+  DataLoader sequential(dataset, {.batch_size = 4});
+  CHECK(sequential.size() == 3);
+  auto batches = epoch_of(sequential);
+  REQUIRE(batches.size() == 3);
+  CHECK(torch::equal(batches[0].second, at::arange(4, at::kLong)));
+  CHECK(batches[2].second.size(0) == 2);  // the short last batch
+  DataLoader dropping(dataset, {.batch_size = 4, .drop_last = true});
+  CHECK(dropping.size() == 2);
+  CHECK(epoch_of(dropping).size() == 2);
+
+  // The shuffled order is TensorLoader's (randperm seeded with seed + epoch, Python's rule).
+  auto [x, y] = test::classification_data(10);
+  data::TensorLoader reference(x, y, {.batch_size = 4, .shuffle = true, .seed = 5});
+  DataLoader shuffled(TensorDataset(x, y), {.batch_size = 4, .shuffle = true, .seed = 5});
+  for (std::int64_t epoch = 0; epoch < 3; ++epoch) CHECK(torch::equal(shuffled.order_for_epoch(epoch), reference.order_for_epoch(epoch)));
+  CHECK(!torch::equal(shuffled.order_for_epoch(0), shuffled.order_for_epoch(1)));
+  shuffled.set_epoch(2);
+  reference.set_epoch(2);
+  std::vector<std::pair<at::Tensor, at::Tensor>> expected;
+  for (const auto& b : reference) expected.emplace_back(b.input, b.target);
+  CHECK(same_batches(epoch_of(shuffled), expected));
+}
+
+TEST_CASE("data loader: batches are bit-identical for 0, 1, 2 and 4 workers, augmentations included", "[data][loader][workers]") {
+  std::vector<std::vector<std::pair<at::Tensor, at::Tensor>>> runs;
+  for (int workers : {0, 1, 2, 4}) {
+    DataLoader loader(AugmentedDataset{}, {.batch_size = 5, .shuffle = true, .num_workers = workers, .seed = 3});
+    loader.set_epoch(1);
+    runs.push_back(epoch_of(loader));
+  }
+  REQUIRE(runs[0].size() == 5);
+  for (std::size_t r = 1; r < runs.size(); ++r) CHECK(same_batches(runs[0], runs[r]));
+  // A sample's draws depend on (seed, epoch, index): another epoch or seed draws others.
+  DataLoader other_epoch(AugmentedDataset{}, {.batch_size = 5, .num_workers = 2, .seed = 3});
+  DataLoader same_epoch(AugmentedDataset{}, {.batch_size = 5, .num_workers = 0, .seed = 3});
+  other_epoch.set_epoch(2);
+  same_epoch.set_epoch(2);
+  CHECK(same_batches(epoch_of(other_epoch), epoch_of(same_epoch)));
+  same_epoch.set_epoch(3);
+  other_epoch.set_epoch(2);
+  CHECK(!same_batches(epoch_of(other_epoch), epoch_of(same_epoch)));
+}
+
+TEST_CASE("data loader: workers read on their own threads, at most prefetch_factor x num_workers batches ahead", "[data][loader][workers]") {
+  CountingDataset dataset{.n = 64};
+  {
+    DataLoader loader(dataset, {.batch_size = 4, .num_workers = 0});
+    (void)epoch_of(loader);
+    CHECK((*dataset.threads == std::set<std::thread::id>{std::this_thread::get_id()}));
+  }
+  dataset.threads->clear();
+  *dataset.reads = 0;
+  DataLoader loader(dataset, {.batch_size = 4, .num_workers = 2, .prefetch_factor = 2});
+  {
+    auto it = loader.begin();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CHECK(*dataset.reads <= 2 * 2 * 4);  // the bound, whatever the timing
+    CHECK(*dataset.reads > 0);           // and they started before being asked
+    CHECK(torch::equal((*it).target, at::arange(4, at::kLong)));
+  }
+  (void)epoch_of(loader);
+  CHECK(dataset.threads->count(std::this_thread::get_id()) == 0);
+  CHECK(dataset.threads->size() <= 2);
+}
+
+TEST_CASE("data loader: an exception in get names the sample, the batch and the worker, and nothing hangs", "[data][loader][errors]") {
+  for (int workers : {0, 2}) {
+    CountingDataset dataset{.n = 32, .throw_at = 13};
+    DataLoader loader(dataset, {.batch_size = 4, .num_workers = workers});
+    std::vector<std::int64_t> seen;
+    std::string message;
+    try {
+      for (const auto& b : loader) seen.push_back(b.target[0].item<std::int64_t>());
+    } catch (const DataError& e) {
+      message = e.what();
+      CHECK_THROWS_AS(std::rethrow_if_nested(e), std::out_of_range);  // the original is nested
+    }
+    CHECK((seen == std::vector<std::int64_t>{0, 4, 8}));  // the batches before it came out, in order
+    CHECK_THAT(message, Catch::Contains("get(13) failed") && Catch::Contains("batch 3") &&
+                            Catch::Contains("sample 13 is corrupt"));
+    CHECK_THAT(message, Catch::Contains(workers == 0 ? "calling thread" : "in worker"));
+    // The loader is usable afterwards: the next epoch reads again (and fails again at 13).
+    CHECK_THROWS_AS(epoch_of(loader), DataError);
+  }
+  // A collate that throws is reported too.
+  auto bad_collate = [](std::span<const Batch>) -> Batch { throw std::runtime_error("no collating today"); };
+  DataLoader loader(CountingDataset{.n = 8}, {.batch_size = 4, .num_workers = 1}, bad_collate);
+  CHECK_THAT(test::message_of<DataError>([&] { (void)epoch_of(loader); }),
+             Catch::Contains("collate failed for batch 0 (dataset indices 0, 1, 2, 3)") && Catch::Contains("no collating today"));
+}
+
+TEST_CASE("data loader: a loop that catches a sample's error goes on with the batches after it (probe regression)", "[data][loader][errors]") {
+  for (int workers : {0, 2}) {
+    CountingDataset dataset{.n = 24, .throw_at = 9};
+    DataLoader loader(dataset, {.batch_size = 4, .num_workers = workers});
+    std::vector<std::int64_t> seen;
+    int errors = 0;
+    for (auto it = loader.begin(); it != loader.end(); ++it) {
+      try {
+        seen.push_back((*it).target[0].item<std::int64_t>());
+      } catch (const DataError&) {
+        ++errors;
+        CHECK_THROWS_AS(*it, DataError);  // asked again: the same error, not a hang
+      }
+    }
+    CHECK(errors == 1);
+    CHECK((seen == std::vector<std::int64_t>{0, 4, 12, 16, 20}));
+  }
+}
+
+TEST_CASE("data loader: iterators used out of order, begin_at, shard and batch_size edges are errors, not hangs (probe regressions)", "[data][loader][errors]") {
+  for (int workers : {0, 2}) {
+    DataLoader loader(CountingDataset{.n = 12}, {.batch_size = 2, .num_workers = workers});
+    auto it = loader.begin();
+    auto copy = it;
+    ++it;
+    ++it;  // batches 0 and 1 passed over unread
+    ++copy;
+    CHECK_THAT(test::message_of<DataError>([&] { (void)*copy; }), Catch::Contains("read once, in order"));
+    CHECK(torch::equal((*it).target, at::tensor({4, 5}, at::kLong)));
+    auto end = loader.begin();
+    while (end != loader.end()) ++end;
+    CHECK_THAT(test::message_of<DataError>([&] { (void)*end; }), Catch::Contains("at the end of the epoch"));
+    CHECK_THROWS_AS(loader.begin_at(-1), MisconfigurationError);
+    CHECK(loader.begin_at(99) == std::default_sentinel);
+  }
+  CHECK(DataLoader(CountingDataset{.n = 10}, {.batch_size = INT64_MAX}).size() == 1);
+  CHECK(DataLoader(CountingDataset{.n = 10}, {.batch_size = INT64_MAX - 5}).size() == 1);
+  DataLoader sharded(CountingDataset{.n = 10}, {.batch_size = 2});
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { sharded.shard(3, 2); }), Catch::Contains("shard(3, 2)"));
+  // prefetch_factor far above the epoch's batches allocates no more slots than there are batches.
+  DataLoader greedy(CountingDataset{.n = 10}, {.batch_size = 2, .num_workers = 2, .prefetch_factor = 1 << 30});
+  CHECK(epoch_of(greedy).size() == 5);
+}
+
+TEST_CASE("data loader: samples without a target, maps with their comparator, unsigned numbers (probe regressions)", "[data][collate]") {
+  struct Unlabelled {
+    std::int64_t size() const { return 6; }
+    Batch get(std::int64_t i) const { return Batch{at::full({3}, static_cast<double>(i))}; }
+  };
+  DataLoader loader(Unlabelled{}, {.batch_size = 4, .num_workers = 1});
+  for (const auto& b : loader) {
+    CHECK(b.input.size(1) == 3);
+    CHECK(!b.target.defined());
+  }
+  std::vector<std::map<std::string, at::Tensor, std::less<>>> maps{{{"x", at::ones({2})}}, {{"x", at::zeros({2})}}};
+  auto collated = data::default_collate(std::span<const std::map<std::string, at::Tensor, std::less<>>>(maps));
+  static_assert(std::is_same_v<decltype(collated), std::map<std::string, at::Tensor, std::less<>>>);
+  std::vector<std::uint64_t> big{1, UINT64_MAX};
+  CHECK_THAT(test::message_of<DataError>([&] { (void)data::default_collate(std::span<const std::uint64_t>(big)); }),
+             Catch::Contains("above INT64_MAX"));
+  std::vector<Batch> half{Batch{at::ones({2}), at::ones({1})}, Batch{at::ones({2})}};
+  CHECK_THAT(test::message_of<DataError>([&] { (void)data::default_collate(std::span<const Batch>(half)); }),
+             Catch::Contains("every sample has it or none"));
+}
+
+TEST_CASE("data loader: leaving an epoch early joins its workers promptly", "[data][loader][workers]") {
+  CountingDataset dataset{.n = 4000, .delay = std::chrono::milliseconds(2)};
+  DataLoader loader(dataset, {.batch_size = 8, .num_workers = 2, .prefetch_factor = 4});
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& b : loader) {
+    (void)b;
+    break;
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  CHECK(elapsed < std::chrono::seconds(5));  // a full epoch takes 4000 x 2 ms / 2 = 4 s of reading
+  const std::int64_t reads = *dataset.reads;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(*dataset.reads == reads);  // nothing reads after the epoch is gone
+  CHECK(reads < 400);
+}
+
+TEST_CASE("data loader: an epoch's iterator outlives its loader, two epochs run side by side", "[data][loader][workers]") {
+  auto it = [] {
+    DataLoader loader(CountingDataset{.n = 12}, {.batch_size = 4, .num_workers = 2});
+    return loader.begin();
+  }();  // the loader is gone; the epoch owns what it reads
+  std::vector<std::int64_t> firsts;
+  for (; it != std::default_sentinel; ++it) firsts.push_back((*it).target[0].item<std::int64_t>());
+  CHECK((firsts == std::vector<std::int64_t>{0, 4, 8}));
+  DataLoader loader(CountingDataset{.n = 8}, {.batch_size = 2, .num_workers = 2});
+  std::int64_t pairs = 0;
+  for (const auto& outer : loader)
+    for (const auto& inner : loader) pairs += outer.target.size(0) * inner.target.size(0);
+  CHECK(pairs == 64);
+}
+
+TEST_CASE("data loader: shards, user samplers and options that cannot work", "[data][loader][errors]") {
+  auto [x, y] = test::classification_data(10);
+  std::vector<std::int64_t> all;
+  for (int rank = 0; rank < 3; ++rank) {
+    DataLoader loader(TensorDataset(x, y), {.batch_size = 2, .shuffle = true, .seed = 1});
+    data::TensorLoader reference(x, y, {.batch_size = 2, .shuffle = true, .seed = 1});
+    loader.shard(rank, 3);
+    reference.shard(rank, 3);
+    CHECK(loader.size() == reference.size());
+    CHECK(torch::equal(loader.order_for_epoch(4), reference.order_for_epoch(4)));
+    auto order = loader.order_for_epoch(4);
+    for (std::int64_t i = 0; i < order.size(0); ++i) all.push_back(order[i].item<std::int64_t>());
+  }
+  CHECK(std::set<std::int64_t>(all.begin(), all.end()).size() == 10);  // every sample (with Python's padding)
+
+  struct EvenFirst {
+    std::vector<std::int64_t> indices(std::int64_t epoch) const {
+      std::vector<std::int64_t> out;
+      for (std::int64_t i = 0; i < 10; i += 2) out.push_back((i + epoch) % 10);
+      return out;
+    }
+  };
+  DataLoader sampled(CountingDataset{.n = 10}, {.batch_size = 2}, EvenFirst{});
+  CHECK(sampled.size() == 3);
+  sampled.set_epoch(1);
+  auto batches = epoch_of(sampled);
+  CHECK(torch::equal(batches[0].second, at::tensor({1, 3}, at::kLong)));
+
+  CHECK_THROWS_AS(DataLoader(CountingDataset{}, {.batch_size = 0}), MisconfigurationError);
+  CHECK_THROWS_AS(DataLoader(CountingDataset{}, {.num_workers = -1}), MisconfigurationError);
+  CHECK_THROWS_AS(DataLoader(CountingDataset{}, {.prefetch_factor = 0}), MisconfigurationError);
+  CHECK_THAT(test::message_of<MisconfigurationError>([] { DataLoader(CountingDataset{}, {.shuffle = true}, EvenFirst{}); }),
+             Catch::Contains("shuffle"));
+  struct OutOfRange {
+    std::vector<int> indices(std::int64_t) const { return {0, 99}; }
+  };
+  DataLoader wrong(CountingDataset{.n = 10}, {}, OutOfRange{});
+  CHECK_THAT(test::message_of<DataError>([&] { (void)epoch_of(wrong); }),
+             Catch::Contains("index 99") && Catch::Contains("has 10 samples"));
+  DataLoader empty(CountingDataset{.n = 0}, {.batch_size = 4, .num_workers = 2});
+  CHECK(empty.size() == 0);
+  CHECK(epoch_of(empty).empty());
+}
+
+TEST_CASE("data loader: fit with workers trains as fit with TensorLoader, bit for bit", "[data][loader][fit]") {
+  auto [x, y] = test::classification_data(60, 2);
+  auto [vx, vy] = test::classification_data(20, 3);
+  auto train = [&](auto&& train_data, auto&& val_data) {
+    torch::manual_seed(4);
+    test::Classifier model;
+    test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 3}));
+    const auto result = trainer.fit(model, train_data, val_data);
+    return std::pair{test::snapshot(*model), result.global_step};
+  };
+  const auto reference = train(data::TensorLoader(x, y, {.batch_size = 8, .shuffle = true, .seed = 9}),
+                               data::TensorLoader(vx, vy, {.batch_size = 8}));
+  for (int workers : {0, 2}) {
+    const auto loaded =
+        train(DataLoader(TensorDataset(x, y), {.batch_size = 8, .shuffle = true, .num_workers = workers, .seed = 9}),
+              DataLoader(TensorDataset(vx, vy), {.batch_size = 8, .num_workers = workers}));
+    CHECK(loaded.second == reference.second);
+    for (std::size_t i = 0; i < reference.first.size(); ++i) CHECK(test::identical(loaded.first[i], reference.first[i]));
+  }
+}
+
+TEST_CASE("data loader: a fit resumed mid-epoch with workers continues the same batches without reading the skipped ones", "[data][loader][resume]") {
+  const std::string folder = test::scratch_folder("data_loader_resume");
+  auto [x, y] = test::classification_data(48, 5);
+  struct Sampled {  // TensorDataset's samples, read one by one and counted
+    at::Tensor x, y;
+    std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
+    std::shared_ptr<std::vector<std::int64_t>> read = std::make_shared<std::vector<std::int64_t>>();
+    std::int64_t size() const { return x.size(0); }
+    Batch get(std::int64_t i) const {
+      std::lock_guard lock(*mutex);
+      read->push_back(i);
+      return Batch{x[i], y[i]};
+    }
+  };
+  auto run = [&](std::int64_t max_steps, const std::string& ckpt, Sampled dataset) {
+    torch::manual_seed(6);
+    test::Classifier model;
+    DataLoader loader(dataset, {.batch_size = 6, .shuffle = true, .num_workers = 2, .seed = 2});
+    test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 2, .max_steps = max_steps}));
+    trainer.fit(model, loader, FitOptions{.ckpt_path = ckpt});
+    if (max_steps > 0) trainer.save_checkpoint(folder + "/mid.ckpt");
+    return test::snapshot(*model);
+  };
+  const auto straight = run(-1, "", Sampled{x, y});
+  (void)run(11, "", Sampled{x, y});  // 8 batches per epoch: stops after batch 3 of epoch 1
+  Sampled resumed_data{x, y};
+  const auto resumed = run(-1, folder + "/mid.ckpt", resumed_data);
+  for (std::size_t i = 0; i < straight.size(); ++i) CHECK(test::identical(straight[i], resumed[i]));
+  // The resumed run read epoch 1's batches 3..7 only: 5 x 6 samples, none of its first 18.
+  DataLoader order(TensorDataset(x, y), {.batch_size = 6, .shuffle = true, .seed = 2});
+  const auto epoch1 = order.order_for_epoch(1);
+  std::multiset<std::int64_t> expected;
+  for (std::int64_t i = 18; i < 48; ++i) expected.insert(epoch1[i].item<std::int64_t>());
+  CHECK(std::multiset<std::int64_t>(resumed_data.read->begin(), resumed_data.read->end()) == expected);
+}
+
+TEST_CASE("data loader: a token file read by workers gives the windows TokenDataset's get_batch makes", "[data][loader][files]") {
+  const std::string folder = test::scratch_folder("data_loader_tokens");
+  const std::string path = folder + "/train.bin";
+  {
+    std::vector<std::uint16_t> tokens(1000);
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint16_t>((i * 7919) % 50000);
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+  }
+  data::TokenDataset tokens(path, {.context = 16});
+  REQUIRE(tokens.size() == 62);  // (1000 - 1) / 16
+  DataLoader loader(tokens, {.batch_size = 8, .shuffle = true, .drop_last = true, .num_workers = 2, .seed = 4});
+  CHECK(loader.size() == 7);
+  loader.set_epoch(3);
+  const auto order = loader.order_for_epoch(3);
+  std::int64_t b = 0;
+  for (const auto& batch : loader) {
+    std::vector<std::int64_t> indices(8);
+    for (std::int64_t j = 0; j < 8; ++j) indices[static_cast<std::size_t>(j)] = order[b * 8 + j].item<std::int64_t>();
+    const Batch expected = tokens.get_batch(indices);
+    CHECK(torch::equal(batch.input, expected.input));
+    CHECK(torch::equal(batch.target, expected.target));
+    CHECK(torch::equal(batch.input.narrow(1, 1, 15), batch.target.narrow(1, 0, 15)));  // shifted by one
+    ++b;
+  }
+  CHECK(b == 7);
+}
