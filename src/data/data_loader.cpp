@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "fulgur/errors.hpp"
+#include "src/data/tensor_pair.hpp"
 
 namespace fulgur::data {
 
@@ -137,9 +138,8 @@ at::Generator sample_generator(std::uint64_t seed, std::int64_t epoch, std::int6
   return at::make_generator<at::CPUGeneratorImpl>(mixed);
 }
 
-std::int64_t EpochOrder::operator[](std::int64_t position) const {
-  return indices.defined() ? indices.data_ptr<std::int64_t>()[position] : position;
-}
+EpochOrder::EpochOrder(at::Tensor order, std::int64_t length)
+    : indices(std::move(order)), size(length), data(indices.defined() ? indices.data_ptr<std::int64_t>() : nullptr) {}
 
 EpochOrder epoch_order(std::int64_t dataset_size, const DataLoaderOptions& options,
                        const std::optional<DistributedSampler>& shard, const SamplerFn& sampler,
@@ -273,11 +273,7 @@ std::string describe_loader(std::int64_t dataset_size, std::int64_t num_samples,
 
 // ---- TensorDataset --------------------------------------------------------------------------------
 TensorDataset::TensorDataset(at::Tensor inputs, at::Tensor targets) : inputs_(std::move(inputs)), targets_(std::move(targets)) {
-  if (!inputs_.defined() || !targets_.defined() || inputs_.dim() == 0 || targets_.dim() == 0)
-    throw DataError("TensorDataset needs defined inputs and targets with a first (sample) dimension.");
-  if (inputs_.size(0) != targets_.size(0))
-    throw DataError("TensorDataset: inputs have " + std::to_string(inputs_.size(0)) + " samples but targets have " +
-                    std::to_string(targets_.size(0)) + "; give both the same first dimension.");
+  detail::check_tensor_pair("TensorDataset", inputs_, targets_);
 }
 
 Batch TensorDataset::get(std::int64_t index) const {

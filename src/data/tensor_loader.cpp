@@ -7,16 +7,22 @@
 #include <string>
 
 #include "fulgur/errors.hpp"
+#include "src/data/tensor_pair.hpp"
 
 namespace fulgur::data {
 
+void detail::check_tensor_pair(const char* who, const at::Tensor& inputs, const at::Tensor& targets) {
+  if (!inputs.defined() || !targets.defined() || inputs.dim() == 0 || targets.dim() == 0)
+    throw DataError(std::string(who) + " needs defined inputs and targets with a first (sample) dimension.");
+  if (inputs.size(0) != targets.size(0))
+    throw DataError(std::string(who) + ": inputs have " + std::to_string(inputs.size(0)) +
+                    " samples but targets have " + std::to_string(targets.size(0)) +
+                    "; give both the same first dimension.");
+}
+
 TensorLoader::TensorLoader(at::Tensor inputs, at::Tensor targets, TensorLoaderOptions options)
     : inputs_(std::move(inputs)), targets_(std::move(targets)), options_(options) {
-  if (!inputs_.defined() || !targets_.defined() || inputs_.dim() == 0 || targets_.dim() == 0)
-    throw DataError("TensorLoader needs defined inputs and targets with a first (sample) dimension.");
-  if (inputs_.size(0) != targets_.size(0))
-    throw DataError("TensorLoader: inputs have " + std::to_string(inputs_.size(0)) + " samples but targets have " +
-                    std::to_string(targets_.size(0)) + "; give both the same first dimension.");
+  detail::check_tensor_pair("TensorLoader", inputs_, targets_);
   if (options_.batch_size <= 0)
     throw DataError("TensorLoader: batch_size must be > 0, got " + std::to_string(options_.batch_size) + ".");
 }

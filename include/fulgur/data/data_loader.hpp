@@ -82,9 +82,11 @@ struct Abandoned {};
 at::Generator sample_generator(std::uint64_t seed, std::int64_t epoch, std::int64_t index);
 /// The sampler's order of an epoch as an int64 tensor; undefined means 0, 1, ..., n - 1.
 struct EpochOrder {
+  EpochOrder(at::Tensor order, std::int64_t length);  // order: int64, contiguous, on the CPU
   at::Tensor indices;
   std::int64_t size = 0;
-  std::int64_t operator[](std::int64_t position) const;
+  const std::int64_t* data = nullptr;  // indices' data: read per sample, so looked up once
+  std::int64_t operator[](std::int64_t position) const { return data ? data[position] : position; }
 };
 using SamplerFn = std::function<std::vector<std::int64_t>(std::int64_t epoch)>;
 EpochOrder epoch_order(std::int64_t dataset_size, const DataLoaderOptions& options,
@@ -262,7 +264,7 @@ class DataLoader {
     /// Batch `batch`, once, in order (on the consumer's thread). A batch whose making threw throws
     /// the same again if asked for again; the epoch goes on with the next one.
     batch_type take(std::int64_t batch) {
-      if (batch >= num_batches || batch < next_take || batch > next_take) {
+      if (batch >= num_batches || batch != next_take) {
         if (batch == failed_batch) std::rethrow_exception(failure);
         detail::raise_out_of_order(batch, next_take, num_batches);
       }
