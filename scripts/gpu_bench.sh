@@ -5,7 +5,9 @@
 #   matrix    the policy matrix's CUDA single-device rows (fulgur beside the hand-written LibTorch loop on the
 #             MLP, the CNN and the GPT, in every precision but the CNN's and GPT's 16-true, which diverge (NaN) by
 #             design; the CUDA allocator's peak memory), and bench_fused's CUDA rows (fulgur with the fused optimizers
-#             beside the hand-written loop with torch::optim's); informative: their exit status does not count
+#             beside the hand-written loop with torch::optim's), and bench_pinned_fit (a fit reading host memory
+#             through DataLoader{.pin_memory} beside the same fit with the data on the GPU); informative: their
+#             exit status does not count
 #   compare   bench/compare/compare.py --device cuda --model gpt-large: the GPT at GPT-2-small size (12 x 768,
 #             context 1024, 16 sequences a step) in 32-true, 16-mixed, bf16-mixed and bf16-true, for fulgur, raw
 #             LibTorch, Lightning Fabric and raw PyTorch: step time, tokens/s, MFU, peak memory
@@ -81,13 +83,13 @@ export LD_LIBRARY_PATH="$carry/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
   date -u
 } | tee "$out/machine.txt"
 gpu_tests=$build/tests/fulgur_gpu_tests matrix=$build/bench/bench_matrix worker=$build/bench/bench_compare_worker
-fused=$build/bench/bench_fused
+fused=$build/bench/bench_fused pinned_fit=$build/bench/bench_pinned_fit
 device_torch=$("$python" -c "import torch; print(torch.__version__)")
 if [ "${FULGUR_BUILD:-}" != always ] && [ -f "$carry/bin/torch_version" ] &&
    [ "$(cat "$carry/bin/torch_version")" = "$device_torch" ]; then
   echo "== carried binaries (revision $(tr '\n' ' ' <"$carry/bin/revision"), built against torch $device_torch)" | tee -a "$out/machine.txt"
   gpu_tests=$carry/bin/fulgur_gpu_tests matrix=$carry/bin/bench_matrix worker=$carry/bin/bench_compare_worker
-  fused=$carry/bin/bench_fused
+  fused=$carry/bin/bench_fused pinned_fit=$carry/bin/bench_pinned_fit
   # The binaries' RUNPATH names the build machine's venv; this torch's libraries come first instead.
   export LD_LIBRARY_PATH="$("$python" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"):$LD_LIBRARY_PATH"
 else
@@ -95,7 +97,7 @@ else
     echo "carried binaries were built against torch $(cat "$carry/bin/torch_version"), this machine has $device_torch: building"
   targets=()
   wants tests && targets+=(fulgur_gpu_tests)
-  wants matrix && targets+=(bench_matrix bench_fused)
+  wants matrix && targets+=(bench_matrix bench_fused bench_pinned_fit)
   wants compare && targets+=(bench_compare_worker)
   echo "== build (${targets[*]})"
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFULGUR_PYTHON="$python" \
@@ -124,6 +126,10 @@ if wants matrix; then
   ${FULGUR_PART_TIMEOUT:+timeout $FULGUR_PART_TIMEOUT} "$fused" --benchmark_min_time=1 --benchmark_counters_tabular=true \
     --benchmark_filter='/cuda/' --benchmark_out="$out/fused_cuda.json" --benchmark_out_format=json 2>&1 |
     tee "$out/fused_cuda.txt" || echo "bench_fused: a row failed (see fused_cuda.txt); not counted in the exit status"
+  echo "== a fit over DataLoader{.pin_memory} against the data on the GPU"
+  ${FULGUR_PART_TIMEOUT:+timeout $FULGUR_PART_TIMEOUT} "$pinned_fit" --benchmark_counters_tabular=true \
+    --benchmark_out="$out/pinned_fit.json" --benchmark_out_format=json 2>&1 |
+    tee "$out/pinned_fit.txt" || echo "bench_pinned_fit: a row failed (see pinned_fit.txt); not counted in the exit status"
 fi
 if wants compare; then
   echo "== compare.py --device cuda --model gpt-large"

@@ -5,7 +5,7 @@
 #   .carry/include/boost/{hana,hana.hpp,config,core,...}  Hana is header-only (a BoostConfig for it too)
 #   .carry/include/catch2, .carry/lib/cmake/Catch2       Catch2 v2
 #   .carry/include/benchmark, .carry/lib/x86_64-linux-gnu/{libbenchmark*,cmake/benchmark}   Google Benchmark
-#   --binaries: also .carry/bin/{fulgur_gpu_tests,bench_matrix,bench_fused,bench_compare_worker} built here (build/, or
+#   --binaries: also .carry/bin/{fulgur_gpu_tests,bench_matrix,bench_fused,bench_pinned_fit,bench_compare_worker} built here (build/, or
 #   FULGUR_BUILD_DIR) with a stamp of the torch they were built against, so that gpu_bench.sh runs them there
 #   against the same torch instead of spending minutes of device time building (about 15 MB more)
 set -euo pipefail
@@ -57,9 +57,9 @@ mkdir -p "$carry/lib/x86_64-linux-gnu/cmake"
 cp -a /usr/lib/x86_64-linux-gnu/libbenchmark.so* /usr/lib/x86_64-linux-gnu/libbenchmark_main.a "$carry/lib/x86_64-linux-gnu/"
 cp -r /usr/lib/x86_64-linux-gnu/cmake/benchmark "$carry/lib/x86_64-linux-gnu/cmake/"
 if [ $binaries = 1 ]; then
-  cmake --build "$build" -j "$(nproc)" --target fulgur_gpu_tests bench_matrix bench_fused bench_compare_worker >/dev/null
+  cmake --build "$build" -j "$(nproc)" --target fulgur_gpu_tests bench_matrix bench_fused bench_pinned_fit bench_compare_worker >/dev/null
   mkdir -p "$carry/bin"
-  for b in tests/fulgur_gpu_tests bench/bench_matrix bench/bench_fused bench/bench_compare_worker; do cp "$build/$b" "$carry/bin/"; done
+  for b in tests/fulgur_gpu_tests bench/bench_matrix bench/bench_fused bench/bench_pinned_fit bench/bench_compare_worker; do cp "$build/$b" "$carry/bin/"; done
   # What gpu_bench.sh compares with the device's torch before it trusts these binaries.
   "$root/.venv/bin/python" -c "import torch; print(torch.__version__)" >"$carry/bin/torch_version"
   git -C "$root" rev-parse --short HEAD >"$carry/bin/revision"

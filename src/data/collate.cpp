@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "fulgur/data/pinned_memory.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur::data::detail {
@@ -34,7 +35,12 @@ at::Tensor stack_samples(const std::vector<at::Tensor>& samples, const char* wha
                       "; make every sample the same shape and dtype (crop or pad in get), or give the DataLoader a "
                       "collate function.");
   }
-  return at::stack(samples);
+  if (!allocating_pinned()) return at::stack(samples);
+  // Straight into a page-locked buffer (DataLoader{.pin_memory}): no second copy to pin it.
+  std::vector<std::int64_t> sizes{static_cast<std::int64_t>(samples.size())};
+  sizes.insert(sizes.end(), first.sizes().begin(), first.sizes().end());
+  at::Tensor out = empty_for_batch(sizes, first.scalar_type());
+  return at::stack_out(out, samples);
 }
 
 at::Tensor numbers_to_tensor(const std::vector<bool>& values) {

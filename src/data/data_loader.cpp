@@ -196,11 +196,11 @@ void check_options(const DataLoaderOptions& options, std::int64_t dataset_size, 
                 << std::endl;
     });
   }
-  if (options.pin_memory) {
+  if (options.pin_memory && !pinned_memory_available()) {
     static std::once_flag once;
     std::call_once(once, [] {
-      std::cerr << "fulgur: DataLoader: pin_memory is not applied by this version (batches stay in pageable "
-                   "memory; on a CPU-only run it would change nothing)."
+      std::cerr << "fulgur: DataLoader: pin_memory = true, but there is no CUDA device here (or LibTorch was "
+                   "built without CUDA): batches stay in pageable memory, which changes nothing on the CPU."
                 << std::endl;
     });
   }
@@ -256,6 +256,17 @@ void check_shard(int rank, int world_size) {
                                 "): the rank must be in [0, world_size) and world_size >= 1.");
 }
 
+void say_batches_not_pinned() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::cerr << "fulgur: DataLoader: pin_memory = true, but its batches are of a type fulgur::data::map_tensors "
+                 "does not walk (or gives back as another type), so they stay in pageable memory; declare "
+                 "`template <class F> T fulgur_map_tensors(const T&, F&&)` next to the batch type to have them "
+                 "pinned."
+              << std::endl;
+  });
+}
+
 std::string describe_loader(std::int64_t dataset_size, std::int64_t num_samples, const DataLoaderOptions& options,
                             const std::optional<DistributedSampler>& shard, bool user_sampler) {
   std::string out = "DataLoader over " + std::to_string(dataset_size) + " samples, batch_size " +
@@ -296,6 +307,15 @@ Batch TensorDataset::get_batch(std::span<const std::int64_t> indices) const {
   // index_select reads the span's indices during the call: a view of them needs no copy.
   auto ids = at::from_blob(const_cast<std::int64_t*>(indices.data()), {n}, at::kLong);
   if (inputs_.device() != ids.device()) ids = ids.to(inputs_.device());
+  if (detail::allocating_pinned() && inputs_.is_cpu() && targets_.is_cpu()) {  // DataLoader{.pin_memory}
+    auto select_pinned = [&](const at::Tensor& from) {
+      std::vector<std::int64_t> sizes(from.sizes().begin(), from.sizes().end());
+      sizes[0] = n;
+      at::Tensor out = detail::empty_for_batch(sizes, from.scalar_type());
+      return at::index_select_out(out, from, 0, ids);
+    };
+    return Batch{select_pinned(inputs_), select_pinned(targets_)};
+  }
   return Batch{inputs_.index_select(0, ids), targets_.index_select(0, ids)};
 }
 

@@ -425,3 +425,50 @@ TEST_CASE("data loader: a token file read by workers gives the windows TokenData
   }
   CHECK(b == 7);
 }
+
+namespace {
+struct Opaque {  // a batch type map_tensors does not walk
+  at::Tensor hidden;
+};
+struct OpaqueCollate {
+  Opaque operator()(std::span<const Batch> samples) const { return {samples.front().input}; }
+};
+}  // namespace
+
+TEST_CASE("data loader: pin_memory gives the pageable loader's batches, pinned exactly where CUDA can pin", "[data][loader][pinned]") {
+  static_assert(data::tensor_traversable<std::pair<at::Tensor, std::int64_t>>);
+  static_assert(data::tensor_traversable<std::map<std::string, std::vector<at::Tensor>>>);
+  static_assert(data::tensor_traversable<torch::data::Example<>>);
+  static_assert(!data::tensor_traversable<Opaque>);
+  static_assert(!data::tensor_traversable<std::tuple<at::Tensor, Opaque>>);
+  const bool pins = data::pinned_memory_available();  // false on a CPU-only machine: a no-op
+  for (int workers : {0, 2}) {
+    INFO("num_workers " << workers);
+    AugmentedDataset augmented;
+    DataLoader pinned(augmented, {.batch_size = 5, .shuffle = true, .num_workers = workers, .pin_memory = true});
+    DataLoader pageable(augmented, {.batch_size = 5, .shuffle = true, .num_workers = workers});
+    const auto a = epoch_of(pinned), b = epoch_of(pageable);
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK(test::identical(a[i].first, b[i].first));
+      CHECK(test::identical(a[i].second, b[i].second));
+      CHECK(data::is_pinned(a[i].first) == pins);
+      CHECK(data::is_pinned(a[i].second) == pins);  // the numbers' tensor, pinned after collate
+    }
+    auto [x, y] = test::classification_data(30);
+    DataLoader tensors(TensorDataset(x, y), {.batch_size = 8, .shuffle = true, .num_workers = workers, .pin_memory = true});
+    for (const auto& batch : tensors) CHECK(data::is_pinned(batch.input) == pins);
+  }
+  const auto plain = at::ones({3});
+  CHECK(data::pin_memory(plain).is_same(plain) == !pins);  // the tensor itself where nothing pins
+  CHECK_FALSE(data::is_pinned(at::Tensor()));
+  {
+    data::detail::PinnedAllocationScope scope(true);
+    CHECK(data::detail::allocating_pinned() == pins);
+    CHECK(data::is_pinned(data::detail::empty_for_batch({2, 2}, at::kFloat)) == pins);
+  }
+  CHECK_FALSE(data::detail::allocating_pinned());
+  // batches map_tensors cannot walk stay pageable, said once: the loader still works
+  DataLoader opaque(CountingDataset{}, {.batch_size = 4, .pin_memory = true}, OpaqueCollate{});
+  for (const auto& batch : opaque) CHECK_FALSE(data::is_pinned(batch.hidden));
+}

@@ -49,7 +49,34 @@ template <class D, class L> struct is_example<torch::data::Example<D, L>> : std:
 
 template <class T, class F>
 concept user_traversable = requires(const T& x, F& f) { fulgur_map_tensors(x, f); };
+/// A function object map_tensors is instantiated with to ask whether it knows a type.
+struct tensor_identity {
+  at::Tensor operator()(const at::Tensor& t) const { return t; }
+};
+template <class T>
+struct traversable : std::bool_constant<std::is_same_v<T, at::Tensor> || std::is_same_v<T, Batch> ||
+                                        is_tensor_leaf<T>::value || user_traversable<T, tensor_identity>> {};
+template <class A, class B>
+struct traversable<std::pair<A, B>> : std::bool_constant<traversable<A>::value && traversable<B>::value> {};
+template <class... Ts>
+struct traversable<std::tuple<Ts...>> : std::bool_constant<(traversable<Ts>::value && ...)> {};
+template <class T, std::size_t N>
+struct traversable<std::array<T, N>> : traversable<T> {};
+template <class T>
+struct traversable<std::optional<T>> : traversable<T> {};
+template <class T, class A>
+struct traversable<std::vector<T, A>> : traversable<T> {};
+template <class K, class V, class C, class A>
+struct traversable<std::map<K, V, C, A>> : traversable<V> {};
+template <class K, class V, class H, class E, class A>
+struct traversable<std::unordered_map<K, V, H, E, A>> : traversable<V> {};
+template <class D, class L>
+struct traversable<torch::data::Example<D, L>> : std::bool_constant<traversable<D>::value && traversable<L>::value> {};
 }  // namespace detail
+
+/// A type map_tensors walks (and so batch_to_device moves): the ones listed above, nested.
+template <class T>
+concept tensor_traversable = detail::traversable<std::remove_cv_t<T>>::value;
 
 template <class T, class F>
 auto map_tensors(const T& x, F&& f) {

@@ -41,6 +41,7 @@
 #include "fulgur/data/batch_pipeline.hpp"
 #include "fulgur/data/collate.hpp"
 #include "fulgur/data/distributed_sampler.hpp"
+#include "fulgur/data/pinned_memory.hpp"
 
 namespace fulgur::data {
 
@@ -100,6 +101,8 @@ void check_options(const DataLoaderOptions& options, std::int64_t dataset_size, 
 [[noreturn]] void raise_negative_first_batch(std::int64_t first_batch);
 [[noreturn]] void raise_out_of_order(std::int64_t batch, std::int64_t next, std::int64_t num_batches);
 void check_shard(int rank, int world_size);
+/// pin_memory with batches map_tensors cannot walk: said once, the batches stay pageable.
+void say_batches_not_pinned();
 /// The epoch the next begin() starts; begin() may run on several threads at once.
 class EpochCounter {
  public:
@@ -165,9 +168,24 @@ class DataLoader {
  public:
   using batch_type = typename detail::loader_batch<Dataset, Collate>::type;
 
+ private:
+  // Whether pin_memory can reach every tensor of a batch: map_tensors walks the type and gives it back.
+  static constexpr bool pinnable = [] {
+    if constexpr (tensor_traversable<batch_type>)
+      return std::same_as<decltype(map_tensors(std::declval<const batch_type&>(), &data::pin_memory)), batch_type>;
+    else
+      return false;
+  }();
+  void check_pinnable() const {
+    if (options_.pin_memory && !pinnable) detail::say_batches_not_pinned();
+  }
+
+ public:
+
   explicit DataLoader(Dataset dataset, DataLoaderOptions options = {}, Collate collate = {})
       : core_(std::make_shared<const Core>(std::move(dataset), std::move(collate))), options_(options) {
     detail::check_options(options_, dataset_size(), false);
+    check_pinnable();
   }
   template <user_sampler Sampler>
   DataLoader(Dataset dataset, DataLoaderOptions options, Sampler sampler, Collate collate = {})
@@ -178,6 +196,7 @@ class DataLoader {
       return out;
     };
     detail::check_options(options_, dataset_size(), true);
+    check_pinnable();
     sampler_size_ = detail::user_sampler_length(sampler_);
   }
 
@@ -291,7 +310,18 @@ class DataLoader {
       }
     }
 
+    /// Batch `batch` of the epoch, in page-locked memory when pin_memory asks for it (and can be had).
     batch_type make(std::int64_t batch, int worker) const {
+      detail::PinnedAllocationScope pinned(options.pin_memory);  // collate allocates in pinned memory
+      batch_type out = read(batch, worker);
+      // what collate did not allocate itself (numbers, a user collate's or get_batch's tensors)
+      if constexpr (pinnable) {
+        if (detail::allocating_pinned()) return map_tensors(out, &data::pin_memory);
+      }
+      return out;
+    }
+
+    batch_type read(std::int64_t batch, int worker) const {
       const std::int64_t start = batch * options.batch_size;
       const std::int64_t length = std::min(options.batch_size, order.size - start);
       if constexpr (!valid) {
