@@ -343,6 +343,75 @@ def summary_scenario(out):
     (out / "model_summary.txt").write_text(str(ModelSummary(Summarized(), max_depth=1)) + "\n")
 
 
+class SeveralLoaders(pl.LightningModule):
+    """Two evaluation loaders: what each step logs is suffixed "/dataloader_idx_N"; the epoch end's not.
+    The values depend on the batches only (x.sum() * (dataloader_idx + 1)), so fulgur can match them."""
+
+    def __init__(self, calls):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+        self.calls = calls
+
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.cross_entropy(self.fc(batch[0]), batch[1])
+
+    def _evaluate(self, stage, batch, batch_idx, dataloader_idx):
+        self.calls.append(f"{stage}_step {batch_idx} {dataloader_idx}")
+        self.log("err", batch[0].sum() * (dataloader_idx + 1))
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self._evaluate("validation", batch, batch_idx, dataloader_idx)
+
+    def test_step(self, batch, batch_idx, dataloader_idx=0):
+        self._evaluate("test", batch, batch_idx, dataloader_idx)
+
+    def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0):
+        self.calls.append(f"on_validation_batch_start {batch_idx} {dataloader_idx}")
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        self.calls.append(f"on_validation_batch_end {batch_idx} {dataloader_idx}")
+
+    def on_validation_epoch_start(self):
+        self.calls.append("on_validation_epoch_start")
+
+    def on_validation_epoch_end(self):
+        self.calls.append("on_validation_epoch_end")
+        self.log("summary", 1.5)
+
+    def on_test_epoch_end(self):
+        self.log("summary", 2.5)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def ramp(first, n, batch_size):
+    """Samples first, first + 1, ... as 4 features each (x[i] = (first + i) / 10 * [1, 2, 3, 4])."""
+    x = torch.arange(first, first + n, dtype=torch.float32).unsqueeze(1) / 10 * torch.tensor([1.0, 2, 3, 4])
+    return DataLoader(TensorDataset(x, torch.zeros(n, dtype=torch.long)), batch_size=batch_size)
+
+
+def several_loaders_scenario(out):
+    """validate and test with two loaders (6 samples in batches of 4, 2; 3 in one batch), and fit with
+    them: `calls_several_loaders.txt` (the module's evaluation calls) and `results_several_loaders.txt`
+    (lines `<what> <loader> <name> <value>`: each loader's result dict, then fit's callback metrics as
+    loader -1)."""
+    calls, lines = [], []
+    module = SeveralLoaders(calls)
+    kwargs = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, enable_checkpointing=False)
+    trainer = pl.Trainer(max_epochs=1, num_sanity_val_steps=0, **kwargs)
+    for what, run in (("validate", trainer.validate), ("test", trainer.test)):
+        results = run(module, [ramp(0, 6, 4), ramp(6, 3, 4)], verbose=False)
+        for idx, result in enumerate(results):
+            lines += [f"{what} {idx} {name} {float(value):.9g}" for name, value in sorted(result.items())]
+    calls.append("fit")
+    trainer = pl.Trainer(max_epochs=1, num_sanity_val_steps=0, **kwargs)
+    trainer.fit(module, ramp(0, 4, 4), [ramp(0, 6, 4), ramp(6, 3, 4)])
+    lines += [f"fit -1 {name} {float(value):.9g}" for name, value in sorted(trainer.callback_metrics.items())]
+    (out / "calls_several_loaders.txt").write_text("\n".join(calls) + "\n")
+    (out / "results_several_loaders.txt").write_text("\n".join(lines) + "\n")
+
+
 def main(out_dir):
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -355,6 +424,7 @@ def main(out_dir):
     (out / "metrics_shared_names.txt").write_text("\n".join(shared_names_scenario()) + "\n")
     csv_scenario(out)
     summary_scenario(out)
+    several_loaders_scenario(out)
     print(f"lightning {pl.__version__}: reference written to {out}")
 
 

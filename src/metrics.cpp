@@ -1,6 +1,7 @@
 // Logged metrics (include/fulgur/metrics.hpp): compiled once here rather than in every translation
 // unit that instantiates a Trainer.
 #include "fulgur/metrics.hpp"
+#include "fulgur/step_context.hpp"
 
 #include <ATen/core/grad_mode.h>
 
@@ -271,3 +272,12 @@ void MetricCollection::publish(MetricViews& views, const Entry& e, const at::Ten
 }
 
 }  // namespace fulgur::detail
+
+namespace fulgur {
+void StepContext::raise_named_idx(std::string_view name) {
+  throw MisconfigurationError("You called `log` with the key `" + std::string(name) +
+                              "` but it should not contain information about `dataloader_idx` when "
+                              "`add_dataloader_idx=true` (fulgur adds the suffix itself with several loaders; set "
+                              "LogOptions::add_dataloader_idx = false to name it yourself).");
+}
+}  // namespace fulgur

@@ -11,6 +11,7 @@
 // A member with a hook's name that cannot be called in any of these forms is a compile error
 // naming it (a misspelt hook name cannot be caught: docs/loops-and-hooks.md lists every name).
 // The loops call every hook through here, and callbacks will too: one place decides the order.
+#include <cstdint>
 #include <exception>
 #include <string_view>
 #include <type_traits>
@@ -213,6 +214,8 @@ struct NoCallbacks {
   static constexpr bool reached_by = false;
   template <CallbackGroup, class Hook, class Module, class... Args>
   void call(Hook, TrainerView&, Module&, Args&...) {}
+  template <class Hook, class Module, class... Args>
+  void call_with_dataloader_idx(Hook, TrainerView&, Module&, std::int64_t&, Args&...) {}
   template <class Hook, class Module, class Failed, class... Args>
   void call_guarded(Hook, TrainerView&, Module&, Failed&&, Args&...) {}
 };
@@ -235,6 +238,18 @@ class HookCaller {
       callbacks_->template call<CallbackGroup::all>(hook, *view_, module_, args...);
     }
     return call_module(hook, std::forward<Args>(args)...);
+  }
+  /// A step or batch hook under several evaluation loaders: dataloader_idx follows Lightning's
+  /// arguments for the module (whose hook must take it, as Lightning requires) and for each callback
+  /// whose hook takes it; a callback's hook written without it is called without it.
+  template <class Hook, class... Args>
+  decltype(auto) call_with_dataloader_idx(Hook hook, std::int64_t dataloader_idx, Args&&... args) {
+    if constexpr (reaches_callbacks<Hook, std::remove_reference_t<Args>..., std::int64_t>() ||
+                  reaches_callbacks<Hook, std::remove_reference_t<Args>...>()) {
+      ctx_.enter(Hook::name, Hook::log_scope);
+      callbacks_->call_with_dataloader_idx(hook, *view_, module_, dataloader_idx, args...);
+    }
+    return call_module(hook, std::forward<Args>(args)..., dataloader_idx);
   }
   /// A hook on the way out of a failed or interrupted run (on_exception, teardown): the callbacks and
   /// the module are each called even if one before throws; what they throw goes to `failed`, so that

@@ -37,6 +37,8 @@ struct LogOptions {
   bool sync_dist = false;             ///< reduce across processes (with `reduce`) when the value is computed
   ReduceOp reduce = ReduceOp::mean;   ///< over the epoch (and across processes with sync_dist)
   std::optional<std::int64_t> batch_size{};  ///< the weight of this value in an epoch mean; default: the batch's size
+  /// With several evaluation loaders, name the value "<name>/dataloader_idx_<i>" (Lightning's).
+  bool add_dataloader_idx = true;
 };
 
 namespace detail {

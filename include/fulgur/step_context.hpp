@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -57,6 +58,9 @@ class StepContext {
   int world_size = 1;
   Stage stage = Stage::fit;
   bool sanity_checking = false;
+  /// The evaluation loader under way when there are several (fit's validation, validate, test,
+  /// predict given data::loaders(...)); none otherwise, as Lightning passes no dataloader_idx then.
+  std::optional<std::int64_t> dataloader_idx{};
   /// Set it to end fit after this batch (Lightning's trainer.should_stop; min_epochs/min_steps
   /// are still honoured).
   bool should_stop = false;
@@ -66,7 +70,16 @@ class StepContext {
   void log(std::string_view name, const at::Tensor& value, const LogOptions& options = {}) {
     if (metrics_ == nullptr)
       throw MisconfigurationError("You can't `log(\"" + std::string(name) + "\")` here: no loop is running.");
-    metrics_->log(name, value, options);
+    if (!options.add_dataloader_idx || !dataloader_idx) {
+      if (options.add_dataloader_idx && name.find("/dataloader_idx_") != std::string_view::npos) raise_named_idx(name);
+      metrics_->log(name, value, options);
+      return;
+    }
+    if (name.find("/dataloader_idx_") != std::string_view::npos) raise_named_idx(name);
+    suffixed_name_.assign(name);  // reused: no allocation once it is long enough
+    suffixed_name_ += "/dataloader_idx_";
+    suffixed_name_ += std::to_string(*dataloader_idx);
+    metrics_->log(suffixed_name_, value, options);
   }
   void log(std::string_view name, double value, const LogOptions& options = {}) {
     log(name, at::scalar_tensor(value, at::kDouble), options);
@@ -133,7 +146,11 @@ class StepContext {
                                   "= false;` in your module, and fulgur leaves backward and the optimizer steps to you.");
   }
 
+  /// Lightning's error for a name that already says which loader (with add_dataloader_idx).
+  [[noreturn]] static void raise_named_idx(std::string_view name);
+
   detail::MetricCollection* metrics_ = nullptr;
+  std::string suffixed_name_;  // "<name>/dataloader_idx_<i>", reused from one log call to the next
   detail::ManualOptimizationLink* manual_ = nullptr;
   std::vector<ManualOptimizer> optimizers_;
   std::vector<AnyLRScheduler*> schedulers_;

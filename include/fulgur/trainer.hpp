@@ -25,6 +25,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <initializer_list>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -41,6 +42,7 @@
 #include "fulgur/detail/files.hpp"
 #include "fulgur/data/tensor_loader.hpp"
 #include "fulgur/detail/meta_tensors.hpp"
+#include "fulgur/detail/trainer_arguments.hpp"
 #include "fulgur/detail/trainer_support.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/loops/evaluation.hpp"
@@ -56,80 +58,6 @@
 #include "fulgur/trainer_config.hpp"
 
 namespace fulgur {
-
-/// The options of a strategy that declares none.
-struct NoStrategyOptions {};
-
-namespace detail {
-
-template <class S>
-struct strategy_options {
-  using type = NoStrategyOptions;
-};
-template <class S>
-  requires requires { typename S::options_type; }
-struct strategy_options<S> {
-  using type = typename S::options_type;
-};
-
-/// The object behind a std::shared_ptr/unique_ptr, a TORCH_MODULE holder, or a plain reference.
-template <class T>
-decltype(auto) referent(T& object) {
-  if constexpr (requires { object.ptr(); *object; } ||  // torch::nn::ModuleHolder
-                requires { object.get(); *object; })     // smart pointer
-    return *object;
-  else
-    return (object);
-}
-
-/// The range behind a std::unique_ptr/shared_ptr to a loader (torch::data::make_data_loader), or the range itself.
-template <class D>
-decltype(auto) range_ref(D& data) {
-  if constexpr (requires { data.get(); *data; data->begin(); })
-    return *data;
-  else
-    return (data);
-}
-
-/// Throws a MisconfigurationError naming the first field that cannot work and the fix.
-void validate_config(const TrainerConfig& config);
-
-inline TrainerConfig validated(TrainerConfig config) {
-  validate_config(config);
-  return config;
-}
-
-/// The callbacks of Trainer<A, S, P, Callbacks...>: those given, plus a ProgressBar when none of
-/// them is one (Lightning adds its progress bar too; TrainerConfig::enable_progress_bar turns it off).
-template <class T>
-constexpr bool is_progress_bar() {
-  if constexpr (requires { T::is_progress_bar; })
-    return static_cast<bool>(T::is_progress_bar);
-  else
-    return false;
-}
-template <class... Callbacks>
-using callback_set_for = std::conditional_t<(is_progress_bar<Callbacks>() || ...), CallbackSet<Callbacks...>,
-                                            CallbackSet<Callbacks..., ProgressBar>>;
-
-/// One static_assert for the first thing wrong with a Trainer's arguments.
-template <class A, class S, class P, class... Callbacks>
-constexpr bool assert_trainer_arguments() {
-  if constexpr (!compatible<A, S, P>)
-    return assert_compatible<A, S, P>();
-  else if constexpr (!(callback<Callbacks> && ...))
-    return (assert_callback<Callbacks>() && ...);
-  else
-    return assert_loggers_for<Callbacks...>();  // LearningRateMonitor without a logger
-}
-
-/// A value of any type, for the inert Trainer's members (never evaluated).
-struct inert {
-  template <class T>
-  operator T() const;
-};
-
-}  // namespace detail
 
 template <class A, class S, class P, class... Callbacks>
 class Trainer {
@@ -448,28 +376,64 @@ class Trainer {
     return run_fit(detail::referent(module), detail::range_ref(train_data), detail::range_ref(val_data),
                    std::move(options));
   }
-  /// validation_step over the data once (a fresh module is set up first, as fit does).
+  /// Several validation loaders of one type, as a braced list: fit(module, train, {val_a, val_b}).
+  template <class Module, class TrainData, class Loader>
+  FitResult fit(Module&& module, TrainData&& train_data, std::initializer_list<Loader> val_loaders,
+                FitOptions options = {}) {
+    data::EvaluationLoaderList<Loader> val(val_loaders);
+    return run_fit(detail::referent(module), detail::range_ref(train_data), val, std::move(options));
+  }
+  /// validation_step over the data once (a fresh module is set up first, as fit does). Several
+  /// loaders (data::loaders(a, b) or {a, b}): one EvaluationResult per loader, in order.
   template <class Module, class Data>
-  EvaluationResult validate(Module&& module, Data&& data) {
+  auto validate(Module&& module, Data&& data) {
     return run_evaluation<loops::Validation>(detail::referent(module), detail::range_ref(data));
   }
-  /// test_step over the data once.
+  template <class Module, class Loader>
+  std::vector<EvaluationResult> validate(Module&& module, std::initializer_list<Loader> loaders) {
+    data::EvaluationLoaderList<Loader> list(loaders);
+    return run_evaluation<loops::Validation>(detail::referent(module), list);
+  }
+  /// test_step over the data once (several loaders: as validate).
   template <class Module, class Data>
-  EvaluationResult test(Module&& module, Data&& data) {
+  auto test(Module&& module, Data&& data) {
     return run_evaluation<loops::Test>(detail::referent(module), detail::range_ref(data));
   }
-  /// predict_step over the data: the predictions, on the CPU, in the order of the batches.
+  template <class Module, class Loader>
+  std::vector<EvaluationResult> test(Module&& module, std::initializer_list<Loader> loaders) {
+    data::EvaluationLoaderList<Loader> list(loaders);
+    return run_evaluation<loops::Test>(detail::referent(module), list);
+  }
+  /// predict_step over the data: the predictions, on the CPU, in the order of the batches. Several
+  /// loaders (data::loaders(a, b) or {a, b}): one vector of predictions per loader, in order.
   template <class Module, class Data>
   auto predict(Module&& module, Data&& data) {
     auto& m = detail::referent(module);
     auto& d = detail::range_ref(data);
     using M = std::remove_cvref_t<decltype(m)>;
-    using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(d))>>;
-    static_assert(assert_evaluation_step<Stage::predict, M, Batch>());  // "predict() needs predict_step(...)"
-    if constexpr (has_predict_step<M, Batch>)
-      return loops::predict(*this, m, d);
-    else
-      return detail::inert{};
+    using D = std::remove_reference_t<decltype(d)>;
+    if constexpr (data::several_loaders<D>) {
+      constexpr bool has_step = loops::every_batch_type<D>([]<class B>(std::type_identity<B>) {
+        return detail::has_predict_step_with_idx_for<M, B>;
+      });
+      static_assert(has_step, "fulgur: several loaders were given to predict(), but predict_step does not take "
+                              "(batch, batch_idx, std::int64_t dataloader_idx) for their batches (Lightning: \"You "
+                              "provided multiple `predict_dataloader`, but no `dataloader_idx` argument\").");
+      if constexpr (has_step) return loops::predict(*this, m, d);
+      else return detail::inert{};
+    } else {
+      using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(d))>>;
+      static_assert(assert_evaluation_step<Stage::predict, M, Batch>());  // "predict() needs predict_step(...)"
+      if constexpr (has_predict_step<M, Batch>)
+        return loops::predict(*this, m, d);
+      else
+        return detail::inert{};
+    }
+  }
+  template <class Module, class Loader>
+  auto predict(Module&& module, std::initializer_list<Loader> loaders) {
+    data::EvaluationLoaderList<Loader> list(loaders);
+    return predict(std::forward<Module>(module), list);
   }
 
  private:
@@ -490,12 +454,21 @@ class Trainer {
     constexpr bool validates = [] {
       if constexpr (std::is_same_v<ValData, loops::NoData>)
         return true;
+      else if constexpr (data::several_loaders<ValData>)
+        return loops::every_batch_type<ValData>([]<class B>(std::type_identity<B>) {
+          return detail::has_validation_step_with_idx_for<Module, B>;
+        });
       else
         return has_validation_step<Module, loops::batch_of_t<std::remove_reference_t<
                                                decltype(std::declval<Trainer&>().setup_dataloader(std::declval<ValData&>()))>>>;
     }();
-    static_assert(validates, "fulgur: validation data was given but the module has no validation_step(batch, "
-                             "batch_idx); add one, or call fit without validation data.");
+    static_assert(validates || data::several_loaders<ValData>,
+                  "fulgur: validation data was given but the module has no validation_step(batch, "
+                  "batch_idx); add one, or call fit without validation data.");
+    static_assert(validates || !data::several_loaders<ValData>,
+                  "fulgur: several validation loaders were given, but the module has no validation_step(batch, "
+                  "batch_idx, std::int64_t dataloader_idx) for their batches (Lightning: \"You provided multiple "
+                  "`val_dataloader`, but no `dataloader_idx` argument in `validation_step()`\").");
     if constexpr (owns_optimizers && trainable && validates) {
       // One path from the root: "last" and "hpc" found, a relative path under default_root_dir.
       std::vector<std::string> warnings;  // reported with the fit's own (FitResult::warnings)
@@ -512,15 +485,24 @@ class Trainer {
   }
 
   template <class Kind, class M, class Data>
-  EvaluationResult run_evaluation(M& module, Data& data) {
+  auto run_evaluation(M& module, Data& data) {
     using Module = std::remove_cvref_t<M>;
-    using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(data))>>;
-    constexpr bool has_step = Kind::template defined_for<Module, Batch>;
-    static_assert(assert_evaluation_step<Kind::stage, Module, Batch>());  // "test() needs test_step(...)"
-    if constexpr (has_step)
-      return loops::evaluate<Kind>(*this, module, data);
-    else
-      return {};
+    if constexpr (data::several_loaders<Data>) {
+      constexpr bool has_step = loops::every_batch_type<Data>([]<class B>(std::type_identity<B>) {
+        return Kind::template defined_with_idx_for<Module, B>;
+      });
+      static_assert(has_step, "fulgur: several loaders were given, but the module's validation_step / test_step "
+                              "does not take (batch, batch_idx, std::int64_t dataloader_idx) for their batches "
+                              "(Lightning: \"You provided multiple dataloaders, but no `dataloader_idx` argument\").");
+      if constexpr (has_step) return loops::evaluate<Kind>(*this, module, data);
+      else return std::vector<EvaluationResult>{};
+    } else {
+      using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(data))>>;
+      constexpr bool has_step = Kind::template defined_for<Module, Batch>;
+      static_assert(assert_evaluation_step<Kind::stage, Module, Batch>());  // "test() needs test_step(...)"
+      if constexpr (has_step) return loops::evaluate<Kind>(*this, module, data);
+      else return EvaluationResult{};
+    }
   }
 
   friend struct loops::host_access;
@@ -585,73 +567,6 @@ class Trainer {
   loops::LoopServices<Trainer, callbacks_type> loop_services_;
 };
 
-/// A combination the rules refuse: one static_assert names the member a policy lacks, or the broken
-/// rule. Every member accepts anything, so the code that uses the Trainer adds no error of its own.
-template <class A, class S, class P, class... Callbacks>
-  requires(!compatible<A, S, P> || !(callback<Callbacks> && ...))
-class Trainer<A, S, P, Callbacks...> {
-  static_assert(detail::assert_trainer_arguments<A, S, P, Callbacks...>());
-
- public:
-  using accelerator_type = A;
-  using strategy_type = S;
-  using precision_type = P;
-  explicit Trainer(const TrainerConfig& = {}, const typename detail::strategy_options<S>::type& = {}) {}
-  template <class... T>
-  Trainer(const TrainerConfig&, T&&...) {}
-  template <class... T> FitResult fit(T&&...) { return {}; }
-  template <class... T> EvaluationResult validate(T&&...) { return {}; }
-  template <class... T> EvaluationResult test(T&&...) { return {}; }
-  template <class... T> detail::inert predict(T&&...) { return {}; }
-#define FULGUR_DETAIL_INERT(verb) \
-  template <class... T>           \
-  detail::inert verb(T&&...) {    \
-    return {};                    \
-  }
-  FULGUR_DETAIL_INERT(setup)
-  FULGUR_DETAIL_INERT(setup_module)
-  FULGUR_DETAIL_INERT(setup_optimizers)
-  FULGUR_DETAIL_INERT(setup_dataloader)
-  FULGUR_DETAIL_INERT(init_module)
-  FULGUR_DETAIL_INERT(init_tensor)
-  FULGUR_DETAIL_INERT(batch_to_device)
-  FULGUR_DETAIL_INERT(forward_context)
-  FULGUR_DETAIL_INERT(convert_input)
-  FULGUR_DETAIL_INERT(convert_output)
-  FULGUR_DETAIL_INERT(convert_batch)
-  FULGUR_DETAIL_INERT(end_training)
-  FULGUR_DETAIL_INERT(remove_checkpoint)
-  FULGUR_DETAIL_INERT(backward)
-  FULGUR_DETAIL_INERT(unscale_gradients)
-  FULGUR_DETAIL_INERT(unscales_in_optimizer)
-  FULGUR_DETAIL_INERT(clip_gradients)
-  FULGUR_DETAIL_INERT(optimizer_step)
-  FULGUR_DETAIL_INERT(no_backward_sync)
-  FULGUR_DETAIL_INERT(all_reduce)
-  FULGUR_DETAIL_INERT(all_gather)
-  FULGUR_DETAIL_INERT(broadcast)
-  FULGUR_DETAIL_INERT(barrier)
-  FULGUR_DETAIL_INERT(reduce_boolean_decision)
-  FULGUR_DETAIL_INERT(is_global_zero)
-  FULGUR_DETAIL_INERT(global_rank)
-  FULGUR_DETAIL_INERT(local_rank)
-  FULGUR_DETAIL_INERT(world_size)
-  FULGUR_DETAIL_INERT(device)
-  FULGUR_DETAIL_INERT(save)
-  FULGUR_DETAIL_INERT(save_checkpoint)
-  FULGUR_DETAIL_INERT(load)
-  FULGUR_DETAIL_INERT(print)
-  FULGUR_DETAIL_INERT(accelerator)
-  FULGUR_DETAIL_INERT(strategy)
-  FULGUR_DETAIL_INERT(precision)
-  FULGUR_DETAIL_INERT(config)
-  FULGUR_DETAIL_INERT(callbacks)
-  template <class C>
-  detail::inert callback() {
-    return {};
-  }
-#undef FULGUR_DETAIL_INERT
-  static std::string combination_name() { return {}; }
-};
-
 }  // namespace fulgur
+
+#include "fulgur/detail/refused_trainer.hpp"  // Trainer<A, S, P, ...> for combinations the rules refuse

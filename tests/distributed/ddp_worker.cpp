@@ -413,6 +413,36 @@ void callbacks() {
   if (my_rank == 0) fulgur::detail::remove_tree(root);
 }
 
+// Several validation loaders under DDP: each is sharded as one loader would be, and each loader's
+// loss is the mean over every rank's part — the mean over the whole loader.
+struct TwoLoadersNetImpl : NetImpl {
+  std::int64_t evaluated = 0;
+  at::Tensor validation_step(const data::Batch& b, std::int64_t, std::int64_t dataloader_idx) {
+    evaluated += b.input.size(0);
+    return b.input.mean() + static_cast<double>(dataloader_idx);
+  }
+};
+TORCH_MODULE(TwoLoadersNet);
+
+void several_loaders() {
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1}), options());
+  my_rank = trainer.global_rank();
+  auto [x, y] = dataset(64);
+  auto [u, v] = dataset(32);
+  data::TensorLoader a(x, y, {.batch_size = 8}), b(u * 2, v, {.batch_size = 8});
+  TwoLoadersNet model;
+  const auto results = trainer.validate(model, data::loaders(a, b));
+  check(results.size() == 2, "one result per loader, got " + std::to_string(results.size()));
+  check(model->evaluated == (64 + 32) / 2, "each rank evaluates its half of each loader, got " +
+                                               std::to_string(model->evaluated) + " samples");
+  check(results[0].loss && std::abs(*results[0].loss - x.mean().item<double>()) < 1e-6,
+        "loader 0's loss is the mean over both ranks' parts");
+  check(results[1].loss && std::abs(*results[1].loss - ((u * 2).mean().item<double>() + 1.0)) < 1e-6,
+        "loader 1's loss is the mean over both ranks' parts");
+  check(results[0].metrics.contains("val_loss/dataloader_idx_0") && !results[0].metrics.contains("val_loss/dataloader_idx_1"),
+        "each result holds its own loader's loss");
+}
+
 // ctx.should_stop on one rank only (the new-user probe: that rank died in Gloo, the other got the
 // lost-peer error): every rank stops, together, at the next point where they agree — a log step within
 // an epoch, the epoch's end otherwise — with the reason, and no error.
@@ -552,6 +582,7 @@ int main(int argc, char** argv) {
                        else if (scenario == "amp") amp_agreement();
                        else if (scenario == "nonfinite") nonfinite();
                        else if (scenario == "callbacks") callbacks();
+                       else if (scenario == "several_loaders") several_loaders();
                        else if (scenario == "stop_on_one_rank") stop_on_one_rank();
                        else if (scenario == "two_nodes") two_nodes();
                        else if (scenario == "preempt" && argc > 3) preempt(argv[2], argv[3]);

@@ -452,3 +452,90 @@ TEST_CASE("CSVLogger writes Lightning's metrics.csv: the same rows, steps, colum
     }
   }
 }
+
+namespace {
+/// The module of scripts/lightning_reference.py's several_loaders scenario.
+struct SeveralLoadersImpl : torch::nn::Module {
+  torch::nn::Linear fc{register_module("fc", torch::nn::Linear(4, 2))};
+  std::vector<std::string>* calls = nullptr;
+  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+    return torch::nn::functional::cross_entropy(fc(b.input), b.target);
+  }
+  void evaluate(const char* stage, const data::Batch& b, std::int64_t batch_idx, std::int64_t idx, StepContext& ctx) {
+    calls->push_back(std::string(stage) + "_step " + std::to_string(batch_idx) + " " + std::to_string(idx));
+    ctx.log("err", b.input.sum() * static_cast<double>(idx + 1));
+  }
+  void validation_step(const data::Batch& b, std::int64_t batch_idx, std::int64_t dataloader_idx, StepContext& ctx) {
+    evaluate("validation", b, batch_idx, dataloader_idx, ctx);
+  }
+  void test_step(const data::Batch& b, std::int64_t batch_idx, std::int64_t dataloader_idx, StepContext& ctx) {
+    evaluate("test", b, batch_idx, dataloader_idx, ctx);
+  }
+  void on_validation_batch_start(const data::Batch&, std::int64_t batch_idx, std::int64_t dataloader_idx) {
+    calls->push_back("on_validation_batch_start " + std::to_string(batch_idx) + " " + std::to_string(dataloader_idx));
+  }
+  template <class Output>
+  void on_validation_batch_end(const Output&, const data::Batch&, std::int64_t batch_idx, std::int64_t dataloader_idx) {
+    calls->push_back("on_validation_batch_end " + std::to_string(batch_idx) + " " + std::to_string(dataloader_idx));
+  }
+  void on_validation_epoch_start() { calls->push_back("on_validation_epoch_start"); }
+  void on_validation_epoch_end(StepContext& ctx) {
+    calls->push_back("on_validation_epoch_end");
+    ctx.log("summary", 1.5);
+  }
+  void on_test_epoch_end(StepContext& ctx) { ctx.log("summary", 2.5); }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+};
+TORCH_MODULE(SeveralLoaders);
+
+/// Samples first, first + 1, ...: x[i] = (first + i) / 10 * [1, 2, 3, 4] (the script's ramp).
+data::TensorLoader ramp(std::int64_t first, std::int64_t n, std::int64_t batch_size) {
+  auto x = torch::arange(first, first + n, torch::kFloat).unsqueeze(1) / 10 * torch::tensor({1.0F, 2.0F, 3.0F, 4.0F});
+  return data::TensorLoader(x, torch::zeros({n}, torch::kLong), {.batch_size = batch_size});
+}
+
+/// "<what> <loader> <name>" -> value, from the reference's lines or from fulgur's results.
+std::map<std::string, double> result_lines(const std::vector<std::string>& lines) {
+  std::map<std::string, double> out;
+  for (const auto& line : lines) {
+    std::istringstream fields(line);
+    std::string what, loader, name;
+    double value = 0;
+    fields >> what >> loader >> name >> value;
+    out[what + " " + loader + " " + name] = value;
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("several evaluation loaders equal Lightning's: dataloader_idx in the hooks, /dataloader_idx_N names, a "
+          "result per loader",
+          "[lightning][hooks][metrics]") {
+  std::vector<std::string> calls;
+  SeveralLoaders module;
+  module->calls = &calls;
+  std::map<std::string, double> results;
+  auto record = [&](const std::string& what, const std::vector<EvaluationResult>& per_loader) {
+    for (std::size_t i = 0; i < per_loader.size(); ++i)
+      for (const auto& [name, value] : per_loader[i].metrics) results[what + " " + std::to_string(i) + " " + name] = value;
+  };
+  using T = Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision>;
+  T trainer(test::quiet({.max_epochs = 1, .num_sanity_val_steps = 0}));
+  record("validate", trainer.validate(module, data::loaders(ramp(0, 6, 4), ramp(6, 3, 4))));  // any loader types
+  record("test", trainer.test(module, {ramp(0, 6, 4), ramp(6, 3, 4)}));                      // a braced list
+  calls.push_back("fit");
+  T fitting(test::quiet({.max_epochs = 1, .num_sanity_val_steps = 0}));
+  const FitResult fit = fitting.fit(module, ramp(0, 4, 4), {ramp(0, 6, 4), ramp(6, 3, 4)});
+  for (const auto& [name, value] : fit.metrics)
+    if (name != "train_loss") results["fit -1 " + name] = value;  // fulgur's own, which Lightning has not
+  CHECK(calls == reference_lines("calls_several_loaders.txt"));
+  const auto expected = result_lines(reference_lines("results_several_loaders.txt"));
+  REQUIRE(results.size() == expected.size());
+  for (const auto& [key, value] : expected) {
+    INFO(key);
+    REQUIRE(results.contains(key));
+    CHECK(results.at(key) == Approx(value).epsilon(1e-6));
+  }
+}

@@ -747,3 +747,109 @@ TEST_CASE("probe: an optimizer over no parameters is refused, naming it, in fit 
   CHECK_THAT(test::message_of<MisconfigurationError>([&] { fabric.setup_optimizers(empty); }),
              Catch::Contains("Trainer::setup_optimizers was given a torch::optim::SGD over no parameters"));
 }
+
+namespace {
+/// validation_step returns a loss per loader (val_loss/dataloader_idx_N) and counts its calls.
+struct TwoLoadersImpl : torch::nn::Module {
+  torch::nn::Linear fc{register_module("fc", torch::nn::Linear(4, 2))};
+  std::map<std::int64_t, std::int64_t> steps;  // dataloader_idx -> validation_step calls
+  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+    return torch::nn::functional::cross_entropy(fc(b.input), b.target);
+  }
+  at::Tensor validation_step(const data::Batch& b, std::int64_t, std::int64_t dataloader_idx) {
+    ++steps[dataloader_idx];
+    return b.input.mean() + static_cast<double>(dataloader_idx);  // depends on the data only
+  }
+  at::Tensor predict_step(const data::Batch& b, std::int64_t, std::int64_t dataloader_idx) {
+    return b.input.sum(1) + static_cast<double>(100 * dataloader_idx);
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+};
+TORCH_MODULE(TwoLoaders);
+
+/// A callback written with dataloader_idx, and one written without (as with one loader): both run.
+struct WithIdx {
+  std::vector<std::int64_t> seen;
+  template <class M, class O>
+  void on_validation_batch_end(TrainerView&, M&, const O&, const data::Batch&, std::int64_t, std::int64_t dataloader_idx) {
+    seen.push_back(dataloader_idx);
+  }
+};
+struct WithoutIdx {
+  std::int64_t calls = 0;
+  template <class M, class O>
+  void on_validation_batch_end(TrainerView&, M&, const O&, const data::Batch&, std::int64_t) {
+    ++calls;
+  }
+};
+
+data::TensorLoader rows(std::int64_t n, std::int64_t batch_size, float offset) {
+  return data::TensorLoader(torch::arange(n * 4, torch::kFloat).reshape({n, 4}) + offset, torch::zeros({n}, torch::kLong),
+                            {.batch_size = batch_size});
+}
+}  // namespace
+
+TEST_CASE("several evaluation loaders: the sanity check and limits per loader, a loss per loader, callbacks with "
+          "and without dataloader_idx",
+          "[loops][loaders]") {
+  TwoLoaders module;
+  auto a = rows(12, 4, 0.0F);  // 3 batches
+  auto b = rows(4, 2, 1.0F);   // 2 batches
+  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, WithIdx, WithoutIdx> trainer(
+      test::quiet({.max_epochs = 1, .num_sanity_val_steps = 1, .limit_val_batches = 2}));
+  const FitResult fit = trainer.fit(module, rows(8, 4, 0.0F), data::loaders(a, b));
+  // the sanity check: 1 batch of each loader; validation: 2 of each (limit_val_batches per loader)
+  CHECK(module->steps[0] == 3);
+  CHECK(module->steps[1] == 3);
+  // the sanity check's batch hooks run too (as Lightning's), then validation's
+  CHECK(trainer.callback<WithIdx>().seen == std::vector<std::int64_t>{0, 1, 0, 0, 1, 1});
+  CHECK(trainer.callback<WithoutIdx>().calls == 6);
+  const double loss_a = (torch::arange(32, torch::kFloat).mean()).item<double>();  // a's first 2 batches
+  const double loss_b = (torch::arange(16, torch::kFloat).mean() + 1.0).item<double>() + 1.0;
+  REQUIRE(fit.metrics.contains("val_loss/dataloader_idx_0"));
+  CHECK(fit.metrics.at("val_loss/dataloader_idx_0") == Approx(loss_a));
+  CHECK(fit.metrics.at("val_loss/dataloader_idx_1") == Approx(loss_b));
+  CHECK_FALSE(fit.metrics.contains("val_loss"));  // as Lightning names it: per loader only
+
+  module->steps.clear();
+  const std::vector<EvaluationResult> results = trainer.validate(module, {a, b});  // limit 2 again
+  REQUIRE(results.size() == 2);
+  CHECK(results[0].loss == Approx(loss_a));
+  CHECK(results[1].loss == Approx(loss_b));
+  CHECK(results[0].metrics.contains("val_loss/dataloader_idx_0"));
+  CHECK_FALSE(results[0].metrics.contains("val_loss/dataloader_idx_1"));
+  CHECK(module->steps[0] == 2);
+
+  auto predictions = trainer.predict(module, data::loaders(rows(3, 2, 0.0F), rows(2, 2, 0.0F)));
+  REQUIRE(predictions.size() == 2);
+  REQUIRE(predictions[0].size() == 2);  // 2 batches of the first loader, in order
+  REQUIRE(predictions[1].size() == 1);
+  CHECK(test::identical(predictions[0][1], torch::tensor({38.0F})));             // row 2: 8 + 9 + 10 + 11
+  CHECK(test::identical(predictions[1][0], torch::tensor({106.0F, 122.0F})));   // + 100 for loader 1
+}
+
+TEST_CASE("several evaluation loaders: a logged name that already says its loader is Lightning's error, "
+          "add_dataloader_idx = false names it yourself",
+          "[loops][loaders]") {
+  struct NamedImpl : torch::nn::Module {
+    torch::nn::Linear fc{register_module("fc", torch::nn::Linear(4, 2))};
+    bool own_name = false;
+    void validation_step(const data::Batch& b, std::int64_t, std::int64_t dataloader_idx, StepContext& ctx) {
+      if (own_name)
+        ctx.log("acc_of_" + std::to_string(dataloader_idx), b.input.mean(), {.add_dataloader_idx = false});
+      else
+        ctx.log("acc/dataloader_idx_0", b.input.mean());
+    }
+  };
+  auto module = std::make_shared<NamedImpl>();
+  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision> trainer(test::quiet());
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { trainer.validate(module, {rows(4, 2, 0), rows(2, 2, 0)}); }),
+             Catch::Contains("should not contain information about `dataloader_idx`"));
+  module->own_name = true;
+  const auto results = trainer.validate(module, {rows(4, 2, 0), rows(2, 2, 0)});
+  CHECK(results[0].metrics.contains("acc_of_0"));
+  CHECK(results[1].metrics.contains("acc_of_1"));
+  CHECK(results[0].metrics.contains("acc_of_1"));  // no suffix: a value of no one loader reaches every result
+}

@@ -59,6 +59,14 @@ class CallbackSet {
   void call(Hook hook, TrainerView& view, Module& module, Args&... args) {
     std::apply([&](auto&... item) { (call_one<group>(item, hook, view, module, args...), ...); }, items_);
   }
+  /// A batch hook under several evaluation loaders: each callback whose hook takes dataloader_idx
+  /// after Lightning's arguments gets it; the others are called as with one loader.
+  template <class Hook, class Module, class... Args>
+  void call_with_dataloader_idx(Hook hook, TrainerView& view, Module& module, std::int64_t& dataloader_idx,
+                                Args&... args) {
+    std::apply([&](auto&... item) { (call_one_with_idx(item, hook, view, module, dataloader_idx, args...), ...); },
+               items_);
+  }
   /// The same on the way out of a failed run: every callback is called even if one throws; what one
   /// throws goes to `failed` (the run's own error is the one that reaches the caller).
   template <class Hook, class Module, class Failed, class... Args>
@@ -221,6 +229,19 @@ class CallbackSet {
       }
     }
     (void)hook;
+  }
+  template <class C, class Hook, class Module, class... Args>
+  static void call_one_with_idx(C& item, Hook hook, TrainerView& view, Module& module, std::int64_t& dataloader_idx,
+                                Args&... args) {
+    using Element = typename callback_element<C>::type;
+    if constexpr (Hook::template callback_defines<Element, Module, Args..., std::int64_t>) {
+      if constexpr (is_vector<C>::value)
+        for (auto& element : item) Hook::call_callback(element, view, module, args..., dataloader_idx);
+      else
+        Hook::call_callback(item, view, module, args..., dataloader_idx);
+    } else {
+      call_one<hooks::CallbackGroup::all>(item, hook, view, module, args...);
+    }
   }
   template <class F>
   void for_each_logger(F&& f) {

@@ -69,13 +69,20 @@ concept configure_optimizers_returns_reference =
     requires(M& m) { m.configure_optimizers(); } &&
     std::is_reference_v<decltype(std::declval<M&>().configure_optimizers())>;
 
-// A step may be written (batch, batch_idx) or (batch, batch_idx, StepContext&).
+// A step may be written (batch, batch_idx) or (batch, batch_idx, StepContext&); under several
+// evaluation loaders (batch, batch_idx, dataloader_idx) or (batch, batch_idx, dataloader_idx, StepContext&).
 #define FULGUR_DETAIL_STEP_CONCEPTS(step)                                                             \
   template <class M, class B, class V>                                                                \
   concept has_##step##_for = requires(M& m, const B& batch, std::int64_t batch_idx) {                 \
     m.step(batch, batch_idx);                                                                         \
   } || requires(M& m, const B& batch, std::int64_t batch_idx, StepContext& ctx) {                     \
     m.step(batch, batch_idx, ctx);                                                                    \
+  };                                                                                                  \
+  template <class M, class B>                                                                         \
+  concept has_##step##_with_idx_for = requires(M& m, const B& batch, std::int64_t i) {                \
+    m.step(batch, i, i);                                                                              \
+  } || requires(M& m, const B& batch, std::int64_t i, StepContext& ctx) {                             \
+    m.step(batch, i, i, ctx);                                                                         \
   };                                                                                                  \
   template <class M, class B, class V>                                                                \
   concept step##_returns_loss_for = requires(M& m, const B& batch, std::int64_t batch_idx) {          \

@@ -23,6 +23,7 @@
 #include "fulgur/callbacks/trainer_view.hpp"
 #include "fulgur/data/apply.hpp"
 #include "fulgur/data/batch.hpp"
+#include "fulgur/data/loaders.hpp"
 #include "fulgur/detail/describe.hpp"
 #include "fulgur/detail/loss.hpp"
 #include "fulgur/errors.hpp"
@@ -43,6 +44,18 @@ using HookCallerOf = hooks::HookCaller<Module, callbacks_of<Host>>;
 
 template <class Data>
 using batch_of_t = std::remove_cvref_t<decltype(*std::begin(std::declval<Data&>()))>;
+
+/// check(std::type_identity<Batch>{}) for the batch type of each loader of Data (one loader, or
+/// several: data::loaders(...)); whether it holds for all of them.
+template <class Data, class Check>
+constexpr bool every_batch_type(Check check) {
+  if constexpr (data::several_loaders<Data>)
+    return []<class... Ls>(Check c, std::type_identity<std::tuple<Ls...>>) {
+      return (c(std::type_identity<batch_of_t<Ls>>{}) && ...);
+    }(check, std::type_identity<typename std::remove_cvref_t<Data>::loader_types>{});
+  else
+    return check(std::type_identity<batch_of_t<Data>>{});
+}
 
 /// The number of batches a loader yields, when it can tell (TensorLoader, std::vector, ...).
 template <class Data>
@@ -144,28 +157,47 @@ StepError step_failure(std::string_view step, const StepContext& ctx, std::strin
 /// module's transfer_batch_to_device if it has one), on_after_batch_transfer, then the model
 /// inputs converted to the precision. A batch that cannot get there is a StepError naming it.
 template <class Host, class Module, class Batch>
-auto prepare_batch(Host& host, HookCallerOf<Host, Module>& hook, const Batch& raw, std::string_view step) {
+auto prepare_batch(Host& host, HookCallerOf<Host, Module>& hook, const Batch& raw, std::string_view step,
+                   std::int64_t dataloader_idx = 0) {
   const StepContext& ctx = hook.ctx();
   try {
     decltype(auto) before = [&]() -> decltype(auto) {
       if constexpr (hooks::defines<Module, hooks::on_before_batch_transfer_t, const Batch, const std::int64_t>)
-        return Batch(hook(hooks::on_before_batch_transfer, raw, std::int64_t{0}));
+        return Batch(hook(hooks::on_before_batch_transfer, raw, dataloader_idx));
       else
         return (raw);
     }();
     auto moved = [&] {
       if constexpr (hooks::defines<Module, hooks::transfer_batch_to_device_t, const Batch, const c10::Device,
                                    const std::int64_t>)
-        return Batch(hook(hooks::transfer_batch_to_device, before, host.device(), std::int64_t{0}));
+        return Batch(hook(hooks::transfer_batch_to_device, before, host.device(), dataloader_idx));
       else
         return host.batch_to_device(before);
     }();
     if constexpr (hooks::defines<Module, hooks::on_after_batch_transfer_t, decltype(moved), const std::int64_t>)
-      moved = decltype(moved)(hook(hooks::on_after_batch_transfer, moved, std::int64_t{0}));
+      moved = decltype(moved)(hook(hooks::on_after_batch_transfer, moved, dataloader_idx));
     return host.convert_batch(moved);
   } catch (const c10::Error& e) {
     raise_batch_transfer(step, ctx, host.device(), e, detail::describe_batch(raw));
   }
+}
+
+/// The end of a stage that failed with `original`: on_exception, the loggers' finalize(status), then
+/// teardown(stage) when given — each runs even if one before it threw; what they throw goes to `say`
+/// as one line naming both, and `original` is what the caller sees.
+template <class HookCaller, class Callbacks, class Say>
+void shut_down_hooks(HookCaller& hook, Callbacks& callbacks, const std::exception& original, const char* status,
+                     std::optional<Stage> teardown, Say&& say) {
+  auto report = [&](std::string_view where) {
+    return [&, where](const std::exception& thrown) { say(shutdown_failure_text(where, thrown, original)); };
+  };
+  hook.call_guarded(hooks::on_exception, report("on_exception"), original);
+  try {
+    callbacks.finalize_loggers(status);
+  } catch (const std::exception& thrown) {
+    report("a logger's finalize")(thrown);
+  }
+  if (teardown) hook.call_guarded(hooks::teardown, report("teardown"), *teardown);
 }
 
 /// The set-up every stage starts with, in Lightning's order: prepare_data (on each node's local
@@ -212,15 +244,8 @@ auto run_evaluation_stage(Host& host, Module& module, Data& data, Stage stage, R
     services.callbacks().finalize_loggers("success");
     return result;
   } catch (const std::exception& e) {
-    auto report = [&](std::string_view where) {
-      return [&e, where](const std::exception& thrown) { std::cerr << shutdown_failure_text(where, thrown, e) << std::endl; };
-    };
-    hook.call_guarded(hooks::on_exception, report("on_exception"), e);
-    try {
-      services.callbacks().finalize_loggers("failed");
-    } catch (const std::exception& thrown) {
-      report("a logger's finalize")(thrown);
-    }
+    shut_down_hooks(hook, services.callbacks(), e, "failed", std::nullopt,
+                    [](const std::string& line) { std::cerr << line << std::endl; });
     throw;
   }
 }

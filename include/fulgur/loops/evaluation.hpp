@@ -22,9 +22,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fulgur/concepts/training_module.hpp"
 #include "fulgur/data/apply.hpp"
+#include "fulgur/data/loaders.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
 #include "fulgur/loops/common.hpp"
@@ -38,6 +40,8 @@ namespace fulgur::loops {
 struct Validation {
   template <class Module, class Batch>
   static constexpr bool defined_for = has_validation_step<Module, Batch>;
+  template <class Module, class Batch>
+  static constexpr bool defined_with_idx_for = detail::has_validation_step_with_idx_for<Module, Batch>;
   static constexpr Stage stage = Stage::validate;
   static constexpr auto limit = &TrainerConfig::limit_val_batches;
   static constexpr const char* limit_name = "limit_val_batches";
@@ -58,6 +62,8 @@ struct Validation {
 struct Test {
   template <class Module, class Batch>
   static constexpr bool defined_for = has_test_step<Module, Batch>;
+  template <class Module, class Batch>
+  static constexpr bool defined_with_idx_for = detail::has_test_step_with_idx_for<Module, Batch>;
   static constexpr Stage stage = Stage::test;
   static constexpr auto limit = &TrainerConfig::limit_test_batches;
   static constexpr const char* limit_name = "limit_test_batches";
@@ -80,11 +86,14 @@ enum class EvaluationMode { standalone, inside_fit, sanity_check };
 
 template <class Kind, class Host, class Module, class Data>
 class EvaluationLoop {
+  static constexpr bool several = data::several_loaders<Data>;
+
  public:
   EvaluationLoop(Host& host, HookCallerOf<Host, Module>& hook, Data& data, detail::MetricViews& views)
       : host_(host), hook_(hook), data_(data), views_(views) {}
 
-  /// At most max_batches batches (-1: all of them).
+  /// At most max_batches batches (-1: all of them). Under several loaders, 0 runs none and anything
+  /// else runs each loader to its own limit (limit_*_batches; num_sanity_val_steps in the sanity check).
   EvaluationResult run(std::int64_t max_batches, EvaluationMode mode) {
     // Every hook of the run too, not only the steps (Lightning's _no_grad_context around run).
     std::optional<torch::NoGradGuard> no_grad;
@@ -96,7 +105,7 @@ class EvaluationLoop {
     StepContext& ctx = hook_.ctx();
     // Restored however run ends: an exception must not leave ctx pointing at this loop's metrics,
     // which may be gone when on_exception runs (found by ASan).
-    const RestoreContext restore{ctx, {ctx.metrics(), ctx.batch_idx, ctx.sanity_checking}};
+    const RestoreContext restore{ctx, {ctx.metrics(), ctx.batch_idx, ctx.sanity_checking, ctx.dataloader_idx}};
     metrics_.reset();
     metrics_.set_device(host_.device());
     metrics_.set_views(mode == EvaluationMode::sanity_check ? nullptr : &views_);  // the sanity check publishes nothing
@@ -104,16 +113,23 @@ class EvaluationLoop {
     ctx.sanity_checking = mode == EvaluationMode::sanity_check;
     if constexpr (requires { data_.set_epoch(ctx.current_epoch); })
       if (mode != EvaluationMode::standalone) data_.set_epoch(ctx.current_epoch);  // a sampler may follow fit's epoch
-    if (TrainerView* view = hook_.view()) {
-      std::int64_t batches = max_batches;
-      if (const auto length = sized_length(data_)) batches = batches < 0 ? *length : std::min(batches, *length);
-      view->set_num_evaluation_batches(batches);
-    }
+    const std::vector<std::int64_t> caps = loader_caps(max_batches, mode);
+    if (TrainerView* view = hook_.view()) view->set_num_evaluation_batches(total_batches(caps, max_batches));
+    losses_.assign(caps.size(), LossSum{});
     ModuleModes modes(hook_.module());
     hook_.call_or(Kind::model_eval, [&] { hook_.module().eval(); });
     hook_(Kind::start);
     hook_(Kind::epoch_start);
-    const std::int64_t batches = run_batches(max_batches);
+    std::int64_t batches = 0;
+    if constexpr (several) {
+      data_.each([&](auto& loader, std::int64_t idx) {
+        ctx.dataloader_idx = idx;
+        batches += run_batches(loader, caps[static_cast<std::size_t>(idx)], idx);
+      });
+      ctx.dataloader_idx.reset();  // what the epoch-end hooks log belongs to every loader
+    } else {
+      batches = run_batches(data_, caps.front(), 0);
+    }
     if (batches == 0 && max_batches != 0) raise_no_evaluation_batches(Kind::what, mode == EvaluationMode::standalone);
     EvaluationResult result = finish_epoch(mode);
     hook_(Kind::end);
@@ -121,11 +137,16 @@ class EvaluationLoop {
     return result;
   }
 
+  /// Each loader's result of the last run, in dataloader_idx order (Lightning's list of dicts): its
+  /// own "<name>/dataloader_idx_<i>" values, what was logged outside the steps, and its loss.
+  std::vector<EvaluationResult> results() const { return per_loader_; }
+
  private:
   struct ContextState {
     detail::MetricCollection* metrics;
     std::int64_t batch_idx;
     bool sanity_checking;
+    std::optional<std::int64_t> dataloader_idx;
   };
   struct RestoreContext {
     StepContext& ctx;
@@ -134,30 +155,93 @@ class EvaluationLoop {
       ctx.attach(saved.metrics);
       ctx.batch_idx = saved.batch_idx;
       ctx.sanity_checking = saved.sanity_checking;
+      ctx.dataloader_idx = saved.dataloader_idx;
     }
   };
+  struct LossSum {
+    at::Tensor sum;
+    double weight = 0.0;
+  };
 
-  std::int64_t run_batches(std::int64_t max_batches) {
+  /// The batches each loader may run: max_batches for one loader; each loader's own limit for several.
+  std::vector<std::int64_t> loader_caps(std::int64_t max_batches, EvaluationMode mode) {
+    if constexpr (!several) {
+      return {max_batches};
+    } else {
+      std::vector<std::int64_t> caps;
+      const TrainerConfig& config = host_.config();
+      data_.each([&](auto& loader, std::int64_t) {
+        std::int64_t cap = max_batches == 0 ? 0 : batch_limit(loader, config.*Kind::limit, Kind::limit_name);
+        if (mode == EvaluationMode::sanity_check && config.num_sanity_val_steps >= 0)
+          cap = cap < 0 ? config.num_sanity_val_steps : std::min(cap, config.num_sanity_val_steps);
+        caps.push_back(cap);
+      });
+      return caps;
+    }
+  }
+  std::int64_t total_batches(const std::vector<std::int64_t>& caps, std::int64_t max_batches) {
+    std::int64_t total = 0;
+    std::size_t i = 0;
+    auto add = [&](auto& loader) {
+      std::int64_t batches = caps[i++];
+      if (const auto length = sized_length(loader)) batches = batches < 0 ? *length : std::min(batches, *length);
+      if (batches < 0 || total < 0) total = -1;
+      else total += batches;
+    };
+    if constexpr (several) data_.each([&](auto& loader, std::int64_t) { add(loader); });
+    else add(data_);
+    (void)max_batches;
+    return total;
+  }
+
+  template <class Loader>
+  std::int64_t run_batches(Loader& loader, std::int64_t max_batches, std::int64_t dataloader_idx) {
     std::int64_t batch_idx = 0;
     if (max_batches == 0) return 0;
-    for (auto&& raw : data_) {
-      run_batch(raw, batch_idx++);
+    for (auto&& raw : loader) {
+      run_batch(raw, batch_idx++, dataloader_idx);
       if (max_batches >= 0 && batch_idx >= max_batches) break;
     }
     return batch_idx;
   }
 
   template <class RawBatch>
-  void run_batch(const RawBatch& raw, std::int64_t batch_idx) {
+  void run_batch(const RawBatch& raw, std::int64_t batch_idx, std::int64_t dataloader_idx) {
     StepContext& ctx = hook_.ctx();
     ctx.batch_idx = batch_idx;
-    const auto batch = prepare_batch(host_, hook_, raw, Kind::step.name);
+    const auto batch = prepare_batch(host_, hook_, raw, Kind::step.name, dataloader_idx);
     const std::int64_t batch_size = data::extract_batch_size(batch);
     metrics_.set_batch_size(batch_size);
-    hook_(Kind::batch_start, batch, batch_idx);
-    const auto output = run_step(host_, hook_, Kind::step, batch);
-    if constexpr (has_loss<std::remove_cvref_t<decltype(output)>>) add_loss(loss_of(output), batch_size);
-    hook_(Kind::batch_end, output, batch, batch_idx);
+    using B = std::remove_cvref_t<decltype(batch)>;
+    if constexpr (several) {
+      // Lightning refuses a module hook that cannot tell the loaders apart; so does the compiler.
+      constexpr bool start_ok = takes_dataloader_idx<decltype(Kind::batch_start), const B, const std::int64_t>;
+      constexpr bool step_ok = takes_dataloader_idx<decltype(Kind::step), const B, const std::int64_t>;
+      static_assert(start_ok, "fulgur: several evaluation loaders were given, but the module's batch-start hook "
+                              "(on_validation_batch_start / on_test_batch_start) takes no dataloader_idx: add a "
+                              "std::int64_t dataloader_idx after batch_idx (Lightning: \"You provided multiple "
+                              "dataloaders, but no `dataloader_idx` argument\").");
+      static_assert(step_ok, "fulgur: several evaluation loaders were given, but validation_step / test_step takes "
+                             "no dataloader_idx: write it (batch, batch_idx, std::int64_t dataloader_idx) (Lightning: "
+                             "\"You provided multiple dataloaders, but no `dataloader_idx` argument\").");
+      if constexpr (start_ok && step_ok) {
+        hook_.call_with_dataloader_idx(Kind::batch_start, dataloader_idx, batch, batch_idx);
+        const auto output = run_step(host_, hook_, Kind::step, batch, dataloader_idx);
+        constexpr bool end_ok = takes_dataloader_idx<decltype(Kind::batch_end), const std::remove_cvref_t<decltype(output)>,
+                                                     const B, const std::int64_t>;
+        static_assert(end_ok, "fulgur: several evaluation loaders were given, but the module's batch-end hook "
+                              "(on_validation_batch_end / on_test_batch_end) takes no dataloader_idx: add a "
+                              "std::int64_t dataloader_idx after batch_idx (Lightning: \"You provided multiple "
+                              "dataloaders, but no `dataloader_idx` argument\").");
+        if constexpr (has_loss<std::remove_cvref_t<decltype(output)>>) add_loss(loss_of(output), batch_size, dataloader_idx);
+        if constexpr (end_ok) hook_.call_with_dataloader_idx(Kind::batch_end, dataloader_idx, output, batch, batch_idx);
+      }
+    } else {
+      hook_(Kind::batch_start, batch, batch_idx);
+      const auto output = run_step(host_, hook_, Kind::step, batch);
+      if constexpr (has_loss<std::remove_cvref_t<decltype(output)>>) add_loss(loss_of(output), batch_size, 0);
+      hook_(Kind::batch_end, output, batch, batch_idx);
+    }
     metrics_.sync_step_values(all_reduce());
     if (ctx.sanity_checking) return;
     if constexpr (callbacks_of<Host>::has_loggers) {  // Lightning's update_eval_step_metrics
@@ -169,11 +253,38 @@ class EvaluationLoop {
     metrics_.publish_step(views_);
   }
 
-  void add_loss(const at::Tensor& loss, std::int64_t batch_size) {
+  /// Whether the module's hook can be called with dataloader_idx after these arguments (or defines
+  /// no such hook at all).
+  template <class Hook, class... Args>
+  static constexpr bool takes_dataloader_idx =
+      !Hook::template named_in<Module> || Hook::template defined_for<Module, Args..., std::int64_t> ||
+      (std::is_final_v<Module> && !Hook::template defined_for<Module, Args...>);
+
+  void add_loss(const at::Tensor& loss, std::int64_t batch_size, std::int64_t dataloader_idx) {
+    LossSum& sum = losses_[static_cast<std::size_t>(dataloader_idx)];
     const at::Tensor value = loss.detach().reshape({});
-    if (!loss_sum_.defined()) loss_sum_ = at::zeros({}, value.options().dtype(detail::accumulation_dtype(value.device())));
-    loss_sum_.add_(value, static_cast<double>(batch_size));
-    loss_weight_ += static_cast<double>(batch_size);
+    if (!sum.sum.defined()) sum.sum = at::zeros({}, value.options().dtype(detail::accumulation_dtype(value.device())));
+    sum.sum.add_(value, static_cast<double>(batch_size));
+    sum.weight += static_cast<double>(batch_size);
+  }
+
+  /// The loss of one loader over every rank's data, published under `name`; nullopt when its step
+  /// returned none.
+  std::optional<double> finish_loss(LossSum& sum, const std::string& name, bool publish, EvaluationResult& result) {
+    if (!sum.sum.defined()) return std::nullopt;
+    const at::Tensor totals =
+        host_.all_reduce(at::stack({sum.sum, at::scalar_tensor(sum.weight, sum.sum.options())}), ReduceOp::sum);
+    const at::Tensor mean = totals[0] / totals[1];
+    const double value = mean.template item<double>();
+    if (publish && !metrics_.logs(name)) {  // the module's own val_loss wins
+      views_.callback.set(name, mean);
+      views_.logged.set(name, mean);
+    }
+    if (!std::isfinite(value))
+      result.warnings.push_back(non_finite_evaluation_warning(Kind::what, Kind::step.name, value, hook_.ctx(),
+                                                              host_.is_global_zero()));
+    sum = LossSum{};
+    return value;
   }
 
   EvaluationResult finish_epoch(EvaluationMode mode) {
@@ -184,26 +295,28 @@ class EvaluationLoop {
     detail::MetricViews epoch;  // this run's epoch values: the result (Lightning's validate() output)
     metrics_.publish_epoch(epoch, all_reduce());
     if (publish) metrics_.publish_epoch(views_, all_reduce());  // with what on_*_epoch_end logged
-    if (loss_sum_.defined()) {
-      const at::Tensor totals =
-          host_.all_reduce(at::stack({loss_sum_, at::scalar_tensor(loss_weight_, loss_sum_.options())}), ReduceOp::sum);
-      const at::Tensor mean = totals[0] / totals[1];
-      result.loss = mean.template item<double>();
-      if (publish && !metrics_.logs(Kind::loss_name)) {  // the module's own val_loss wins
-        views_.callback.set(Kind::loss_name, mean);
-        views_.logged.set(Kind::loss_name, mean);
+    const Metrics logged = epoch.logged.to_host();
+    if constexpr (!several) {
+      result.loss = finish_loss(losses_.front(), std::string(Kind::loss_name), publish, result);
+      result.metrics = logged;
+      if (result.loss && !result.metrics.contains(std::string(Kind::loss_name)))
+        result.metrics[std::string(Kind::loss_name)] = *result.loss;
+    } else {
+      per_loader_.assign(losses_.size(), EvaluationResult{});
+      for (std::size_t i = 0; i < losses_.size(); ++i) {
+        EvaluationResult& own = per_loader_[i];
+        const std::string suffix = "/dataloader_idx_" + std::to_string(i);
+        for (const auto& [name, value] : logged)  // its own values and those of no loader (epoch hooks)
+          if (name.ends_with(suffix) || name.find("/dataloader_idx_") == std::string::npos) own.metrics[name] = value;
+        const std::string loss_name = std::string(Kind::loss_name) + suffix;
+        own.loss = finish_loss(losses_[i], loss_name, publish, own);
+        if (own.loss && !own.metrics.contains(loss_name)) own.metrics[loss_name] = *own.loss;
+        result.metrics.insert(own.metrics.begin(), own.metrics.end());
+        result.warnings.insert(result.warnings.end(), own.warnings.begin(), own.warnings.end());
       }
-      if (!std::isfinite(*result.loss))
-        result.warnings.push_back(non_finite_evaluation_warning(Kind::what, Kind::step.name, *result.loss, hook_.ctx(),
-                                                                host_.is_global_zero()));
     }
-    for (const auto& [name, value] : epoch.logged.to_host()) result.metrics[name] = value;
-    if (result.loss && !result.metrics.contains(std::string(Kind::loss_name)))
-      result.metrics[std::string(Kind::loss_name)] = *result.loss;
     if constexpr (callbacks_of<Host>::has_loggers)
       if (publish && !result.metrics.empty()) send_to_loggers(result.metrics);
-    loss_sum_ = at::Tensor();
-    loss_weight_ = 0.0;
     return result;
   }
 
@@ -224,23 +337,26 @@ class EvaluationLoop {
   Data& data_;
   detail::MetricViews& views_;
   detail::MetricCollection metrics_{/*training=*/false};
-  at::Tensor loss_sum_;
-  double loss_weight_ = 0.0;
+  std::vector<LossSum> losses_;             // one per loader
+  std::vector<EvaluationResult> per_loader_;  // several loaders: the last run's result of each
   std::int64_t seen_batches_ = 0;  // the step of evaluation step values sent to loggers (across runs, as Lightning)
 };
 
 /// Trainer::validate and Trainer::test: one run over the data, as an evaluation stage.
 template <class Kind, class Host, class Module, class Data>
-EvaluationResult evaluate(Host& host, Module& module, Data& data) {
+auto evaluate(Host& host, Module& module, Data& data) {
   if constexpr (!loop_host<Host>) {
     static_assert(assert_loop_host<Host>());
-    return {};
+    return EvaluationResult{};
   } else {
     return run_evaluation_stage(host, module, data, Kind::stage, [&](auto& hook, auto& loader, detail::MetricViews& views) {
       const BatchAmount& limit = host.config().*Kind::limit;
       require_batches(loader, limit, Kind::what, std::string("give it samples, or check ") + Kind::limit_name + ".");
-      EvaluationLoop<Kind, Host, Module, std::remove_reference_t<decltype(loader)>> loop(host, hook, loader, views);
-      return loop.run(batch_limit(loader, limit, Kind::limit_name), EvaluationMode::standalone);
+      using Loader = std::remove_reference_t<decltype(loader)>;
+      EvaluationLoop<Kind, Host, Module, Loader> loop(host, hook, loader, views);
+      EvaluationResult result = loop.run(batch_limit(loader, limit, Kind::limit_name), EvaluationMode::standalone);
+      if constexpr (data::several_loaders<Loader>) return loop.results();  // one result per loader, as Lightning
+      else return result;
     });
   }
 }

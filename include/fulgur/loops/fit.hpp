@@ -154,16 +154,8 @@ class FitLoop final : private detail::LoopLink, public FitState {
   // Every hook and logger runs even if one throws; what they throw is reported, and the run's own
   // error (or interruption) is what the caller sees.
   void shut_down(const std::exception& e, const char* status, bool teardown) override {
-    auto report = [&](std::string_view where) {
-      return [this, &e, where](const std::exception& thrown) { warn(shutdown_failure_text(where, thrown, e)); };
-    };
-    hook_.call_guarded(hooks::on_exception, report("on_exception"), e);
-    try {
-      callbacks().finalize_loggers(status);
-    } catch (const std::exception& thrown) {
-      report("a logger's finalize")(thrown);
-    }
-    if (teardown) hook_.call_guarded(hooks::teardown, report("teardown"), Stage::fit);
+    shut_down_hooks(hook_, callbacks(), e, status, teardown ? std::optional(Stage::fit) : std::nullopt,
+                    [this](const std::string& line) { warn(line); });
   }
   void manual_backward(const at::Tensor& loss) override {
     if constexpr (!automatic) optimization_->backward(loss);

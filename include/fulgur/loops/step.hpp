@@ -27,6 +27,23 @@ auto run_step(Host& host, HookCallerOf<Host, Module>& hook, Step step, const Bat
   }
 }
 
+/// The same under several evaluation loaders: the step gets (batch, batch_idx, dataloader_idx).
+template <class Host, class Module, class Step, class Batch>
+auto run_step(Host& host, HookCallerOf<Host, Module>& hook, Step step, const Batch& batch, std::int64_t dataloader_idx) {
+  StepContext& ctx = hook.ctx();
+  try {
+    auto precision_context = host.forward_context();
+    if constexpr (std::is_void_v<decltype(hook(step, batch, ctx.batch_idx, dataloader_idx))>) {
+      hook(step, batch, ctx.batch_idx, dataloader_idx);
+      return NoOutput{};
+    } else {
+      return hook(step, batch, ctx.batch_idx, dataloader_idx);
+    }
+  } catch (const c10::Error& e) {
+    throw step_failure(Step::name, ctx, Host::precision_name(), e, batch, hook.module());
+  }
+}
+
 /// The step's output type for batches of type Batch.
 template <class Host, class Module, class Step, class Batch>
 using step_output_t = decltype(run_step(std::declval<Host&>(), std::declval<HookCallerOf<Host, Module>&>(),
