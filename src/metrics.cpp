@@ -86,7 +86,8 @@ void MetricViews::load_state(const c10::impl::GenericDict& state, c10::Device de
 
 // ---- MetricCollection -----------------------------------------------------------------------------
 
-void MetricCollection::log(std::string_view name, const at::Tensor& value, const LogOptions& options) {
+void MetricCollection::log(std::string_view name, const at::Tensor& value, const LogOptions& options,
+                           std::string_view suffix) {
   if (scope_ == LogScope::none)
     throw MisconfigurationError("You can't `log()` inside `" + std::string(hook_) +
                                 "`: fulgur (as Lightning) takes logged values in the steps and in the hooks of "
@@ -104,7 +105,7 @@ void MetricCollection::log(std::string_view name, const at::Tensor& value, const
                                 "` needs one number, got " + (value.defined() ? "a tensor of " +
                                 std::to_string(value.numel()) + " elements" : std::string("an undefined tensor")) +
                                 "; reduce it first (.mean(), .sum()).");
-  Entry& e = entry(name, on_step, on_epoch, options);
+  Entry& e = entry(name, suffix, on_step, on_epoch, options);
   e.fresh = true;
   if (on_step) store_step_value(e, value);
   if (!on_epoch) return;
@@ -244,10 +245,12 @@ at::Tensor MetricCollection::placed(const at::Tensor& value) const {
   return v;
 }
 
-MetricCollection::Entry& MetricCollection::entry(std::string_view name, bool on_step, bool on_epoch,
-                                                 const LogOptions& options) {
+MetricCollection::Entry& MetricCollection::entry(std::string_view name, std::string_view suffix, bool on_step,
+                                                 bool on_epoch, const LogOptions& options) {
   for (auto& e : entries_) {
-    if (e.hook != hook_ || e.name != name) continue;
+    if (e.hook != hook_ || e.name.size() != name.size() + suffix.size() || !e.name.starts_with(name) ||
+        !e.name.ends_with(suffix))
+      continue;
     if (e.on_step != on_step || e.on_epoch != on_epoch || e.options.reduce != options.reduce ||
         e.options.sync_dist != options.sync_dist || e.options.prog_bar != options.prog_bar ||
         e.options.logger != options.logger)
@@ -256,8 +259,9 @@ MetricCollection::Entry& MetricCollection::entry(std::string_view name, bool on_
     return e;
   }
   const bool forked = on_step && on_epoch;
-  entries_.push_back(Entry{std::string(hook_), std::string(name), on_step, on_epoch, options, {}, {}, 0.0, {}, false,
-                           std::string(name) + (forked ? "_step" : ""), std::string(name) + (forked ? "_epoch" : "")});
+  const std::string base(name), end(suffix);
+  entries_.push_back(Entry{std::string(hook_), base + end, on_step, on_epoch, options, {}, {}, 0.0, {}, false,
+                           base + (forked ? "_step" : "") + end, base + (forked ? "_epoch" : "") + end});
   return entries_.back();
 }
 

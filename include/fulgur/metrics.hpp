@@ -134,7 +134,9 @@ class MetricCollection {
   /// The views a step value appears in as soon as it is logged (else at publish_step).
   void set_views(MetricViews* views) { views_ = views; }
 
-  void log(std::string_view name, const at::Tensor& value, const LogOptions& options);
+  /// `suffix` ("/dataloader_idx_<i>" under several evaluation loaders) follows the name and its
+  /// "_step"/"_epoch" forms, as Lightning names them ("acc_step/dataloader_idx_0").
+  void log(std::string_view name, const at::Tensor& value, const LogOptions& options, std::string_view suffix = {});
 
   /// Step values logged with sync_dist are reduced across processes (once per batch, only when
   /// such a value was logged).
@@ -186,7 +188,7 @@ class MetricCollection {
 
   void store_step_value(Entry& e, const at::Tensor& value);
   at::Tensor placed(const at::Tensor& value) const;
-  Entry& entry(std::string_view name, bool on_step, bool on_epoch, const LogOptions& options);
+  Entry& entry(std::string_view name, std::string_view suffix, bool on_step, bool on_epoch, const LogOptions& options);
   void publish(MetricViews& views, const Entry& e, const at::Tensor& value, bool on_step) const;
 
   bool training_;

@@ -76,10 +76,9 @@ class StepContext {
       return;
     }
     if (name.find("/dataloader_idx_") != std::string_view::npos) raise_named_idx(name);
-    suffixed_name_.assign(name);  // reused: no allocation once it is long enough
-    suffixed_name_ += "/dataloader_idx_";
-    suffixed_name_ += std::to_string(*dataloader_idx);
-    metrics_->log(suffixed_name_, value, options);
+    dataloader_suffix_.assign("/dataloader_idx_");  // reused: no allocation once it is long enough
+    dataloader_suffix_ += std::to_string(*dataloader_idx);
+    metrics_->log(name, value, options, dataloader_suffix_);
   }
   void log(std::string_view name, double value, const LogOptions& options = {}) {
     log(name, at::scalar_tensor(value, at::kDouble), options);
@@ -150,7 +149,7 @@ class StepContext {
   [[noreturn]] static void raise_named_idx(std::string_view name);
 
   detail::MetricCollection* metrics_ = nullptr;
-  std::string suffixed_name_;  // "<name>/dataloader_idx_<i>", reused from one log call to the next
+  std::string dataloader_suffix_;  // "/dataloader_idx_<i>", reused from one log call to the next
   detail::ManualOptimizationLink* manual_ = nullptr;
   std::vector<ManualOptimizer> optimizers_;
   std::vector<AnyLRScheduler*> schedulers_;

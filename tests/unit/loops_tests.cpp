@@ -853,3 +853,68 @@ TEST_CASE("several evaluation loaders: a logged name that already says its loade
   CHECK(results[1].metrics.contains("acc_of_1"));
   CHECK(results[0].metrics.contains("acc_of_1"));  // no suffix: a value of no one loader reaches every result
 }
+
+namespace {
+/// Logs a value on step and epoch in each loader (probe: the "_step"/"_epoch" forms under several loaders).
+struct StepAndEpochImpl : torch::nn::Module {
+  torch::nn::Linear fc{register_module("fc", torch::nn::Linear(4, 2))};
+  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+    return torch::nn::functional::cross_entropy(fc(b.input), b.target);
+  }
+  void validation_step(const data::Batch& b, std::int64_t, std::int64_t, StepContext& ctx) {
+    ctx.log("s", b.input.mean(), {.on_step = true, .on_epoch = true});
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+};
+/// What the loggers received: (step, names) per call.
+struct StepsSeen {
+  std::vector<std::pair<std::int64_t, std::vector<std::string>>> calls;
+  void log_metrics(const Metrics& metrics, std::int64_t step) {
+    std::vector<std::string> names;
+    for (const auto& [name, value] : metrics) names.push_back(name);
+    calls.emplace_back(step, names);
+  }
+};
+}  // namespace
+
+TEST_CASE("several evaluation loaders: step and epoch forms are named as Lightning's, each loader counts its own "
+          "logging steps, a limit that leaves a loader no batch is refused before training (probe regressions)",
+          "[loops][loaders]") {
+  auto module = std::make_shared<StepAndEpochImpl>();
+  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, StepsSeen> trainer(test::quiet());
+  const auto results = trainer.validate(module, {rows(12, 4, 0.0F), rows(8, 4, 1.0F)});  // 3 and 2 batches
+  REQUIRE(results.size() == 2);
+  // Lightning's _forked_name: the suffix after "_step" / "_epoch"
+  CHECK(results[0].metrics.contains("s_epoch/dataloader_idx_0"));
+  CHECK(results[1].metrics.contains("s_epoch/dataloader_idx_1"));
+  CHECK_FALSE(results[0].metrics.contains("s/dataloader_idx_0_epoch"));
+  std::vector<std::int64_t> steps_of_0, steps_of_1;
+  bool epoch_logged = false;
+  for (const auto& [step, names] : trainer.callback<StepsSeen>().calls) {
+    for (const auto& name : names) {
+      if (name == "s_step/dataloader_idx_0") steps_of_0.push_back(step);
+      if (name == "s_step/dataloader_idx_1") steps_of_1.push_back(step);
+      if (name == "s_epoch/dataloader_idx_1") epoch_logged = true;
+    }
+  }
+  CHECK(steps_of_0 == std::vector<std::int64_t>{0, 1, 2});
+  CHECK(steps_of_1 == std::vector<std::int64_t>{0, 1});  // its own count (Lightning's per-loader counter)
+  CHECK(epoch_logged);                                   // the epoch value reaches the loggers too
+
+  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision> short_limit(
+      test::quiet({.max_epochs = 1, .num_sanity_val_steps = 0, .limit_val_batches = 0.25}));
+  struct CountedImpl : StepAndEpochImpl {
+    std::int64_t trained = 0;
+    at::Tensor training_step(const data::Batch& b, std::int64_t i) {
+      ++trained;
+      return StepAndEpochImpl::training_step(b, i);
+    }
+  };
+  auto counted = std::make_shared<CountedImpl>();
+  const auto message = test::message_of<MisconfigurationError>(  // 0.25 x 3 batches < 1 for loader 0
+      [&] { short_limit.fit(counted, rows(16, 4, 0.0F), data::loaders(rows(12, 4, 0.0F), rows(32, 4, 0.0F))); });
+  CHECK_THAT(message, Catch::Contains("validation loader 0"));
+  CHECK(counted->trained == 0);  // refused before training, not after an epoch
+}

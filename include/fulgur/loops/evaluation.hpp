@@ -116,6 +116,7 @@ class EvaluationLoop {
     const std::vector<std::int64_t> caps = loader_caps(max_batches, mode);
     if (TrainerView* view = hook_.view()) view->set_num_evaluation_batches(total_batches(caps, max_batches));
     losses_.assign(caps.size(), LossSum{});
+    if (seen_batches_.size() < caps.size()) seen_batches_.resize(caps.size(), 0);
     ModuleModes modes(hook_.module());
     hook_.call_or(Kind::model_eval, [&] { hook_.module().eval(); });
     hook_(Kind::start);
@@ -247,8 +248,10 @@ class EvaluationLoop {
     if constexpr (callbacks_of<Host>::has_loggers) {  // Lightning's update_eval_step_metrics
       Metrics logged;
       metrics_.collect_step_logged(logged);
-      if (!logged.empty()) hook_.view()->log_metrics(logged, seen_batches_);
-      ++seen_batches_;
+      // each loader counts its own batches (Lightning's _seen_batches_per_dataloader)
+      std::int64_t& seen = seen_batches_[static_cast<std::size_t>(dataloader_idx)];
+      if (!logged.empty()) hook_.view()->log_metrics(logged, seen);
+      ++seen;
     }
     metrics_.publish_step(views_);
   }
@@ -339,7 +342,8 @@ class EvaluationLoop {
   detail::MetricCollection metrics_{/*training=*/false};
   std::vector<LossSum> losses_;             // one per loader
   std::vector<EvaluationResult> per_loader_;  // several loaders: the last run's result of each
-  std::int64_t seen_batches_ = 0;  // the step of evaluation step values sent to loggers (across runs, as Lightning)
+  // per loader: the step of evaluation step values sent to loggers (across runs, as Lightning)
+  std::vector<std::int64_t> seen_batches_;
 };
 
 /// Trainer::validate and Trainer::test: one run over the data, as an evaluation stage.

@@ -220,10 +220,24 @@ class FitLoop final : private detail::LoopLink, public FitState {
       require_batches(val_, config_.limit_val_batches, "validation",
                       "give it samples, set limit_val_batches = 0, or call fit without it.");
       schedule_.batches = batch_limit(val_, config_.limit_val_batches, "limit_val_batches");
+      if constexpr (data::several_loaders<std::remove_reference_t<ValLoader>>)  // each loader's limit, now
+        val_.each([&](auto& loader, std::int64_t idx) { check_loader_limit(loader, idx); });
       schedule_.enabled = schedule_.batches != 0;
       schedule_.every_n_epochs = config_.check_val_every_n_epoch;
     }
     plan_validation_interval();
+  }
+
+  /// A limit that cannot work for one of several validation loaders, found before training (the
+  /// loop applies each loader's limit when it validates).
+  template <class Loader>
+  void check_loader_limit(Loader& loader, std::int64_t idx) {
+    try {
+      (void)batch_limit(loader, config_.limit_val_batches, "limit_val_batches");
+    } catch (const MisconfigurationError& e) {
+      throw MisconfigurationError("validation loader " + std::to_string(idx) + " (dataloader_idx " +
+                                  std::to_string(idx) + "): " + e.what());
+    }
   }
 
   void sanity_check() {
