@@ -58,9 +58,15 @@ std::string preemption_checkpoint(const TrainerConfig& config, const std::string
 std::string fit_checkpoint(const TrainerConfig& config, const std::string& ckpt_path,
                            const std::vector<std::string>& checkpoint_folders, bool global_zero,
                            std::vector<std::string>& warnings) {
-  const std::string path = ckpt_path == "last" ? last_checkpoint(config, checkpoint_folders, warnings)
-                                               : preemption_checkpoint(config, ckpt_path, global_zero);
-  return path.empty() ? path : absolute_path(resolve_path(config, path));
+  const bool last = ckpt_path == "last";
+  const std::string path =
+      last ? last_checkpoint(config, checkpoint_folders, warnings) : preemption_checkpoint(config, ckpt_path, global_zero);
+  if (path.empty()) return path;
+  const std::string resolved = absolute_path(resolve_path(config, path));
+  // Lightning's "Restoring states from the checkpoint path at ..." (a preemption checkpoint said so already).
+  if (global_zero && (last || path == ckpt_path))
+    std::cerr << "fulgur: restoring states from the checkpoint path at " << resolved << std::endl;
+  return resolved;
 }
 
 void end_preempted_process(int exit_code) {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -91,7 +92,20 @@ void ProgressBar::train_batch(TrainerView& trainer, std::int64_t batch_idx, cons
     text += " " + std::to_string(percent) + "%";
   }
   text += "  " + rate_text(rate);
-  if (total > 0 && rate > 0) text += "  ETA " + duration_text(static_cast<double>(total - done) / rate);
+  // The ETA counts to where this epoch's training ends: its last batch, or max_steps when that comes
+  // first (a 1500-step run on a 13000-batch epoch shows minutes, not the epoch's hour).
+  std::int64_t end = total;
+  bool max_steps_first = false;
+  if (const std::int64_t max_steps = trainer.config().max_steps; max_steps >= 0) {
+    const std::int64_t left = std::max<std::int64_t>(max_steps - trainer.global_step(), 0) *
+                              std::max<std::int64_t>(trainer.config().accumulate_grad_batches, 1);
+    if (end < 0 || done + left < end) {
+      end = done + left;
+      max_steps_first = true;
+    }
+  }
+  if (end > 0 && rate > 0)
+    text += "  ETA " + duration_text(static_cast<double>(end - done) / rate) + (max_steps_first ? " (max_steps)" : "");
   if (loss.defined() && loss.numel() == 1) text += "  loss " + fixed4(loss.item<double>());
   text += metrics_text(trainer, /*progress_bar_only=*/true);
   terminal_ ? draw(text) : line(text);

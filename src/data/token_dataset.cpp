@@ -24,9 +24,9 @@ std::int64_t bytes_of(TokenDtype dtype) { return dtype == TokenDtype::uint16 ? 2
 /// `indices`. The tokens start at offset 0 or 1024 of a page-aligned mapping, so they are aligned.
 template <class Token>
 void copy_windows(const std::byte* tokens, std::span<const std::int64_t> indices, std::int64_t context,
-                  std::int64_t* input, std::int64_t* target) {
+                  std::int64_t stride, std::int64_t* input, std::int64_t* target) {
   for (const std::int64_t index : indices) {
-    const Token* window = reinterpret_cast<const Token*>(tokens) + index * context;
+    const Token* window = reinterpret_cast<const Token*>(tokens) + index * stride;
     for (std::int64_t j = 0; j < context; ++j) {
       input[j] = window[j];
       target[j] = window[j + 1];
@@ -39,10 +39,14 @@ void copy_windows(const std::byte* tokens, std::span<const std::int64_t> indices
 }  // namespace
 
 TokenDataset::TokenDataset(std::string path, TokenDatasetOptions options)
-    : path_(std::move(path)), context_(options.context), dtype_(options.dtype) {
+    : path_(std::move(path)), context_(options.context), stride_(options.stride ? options.stride : options.context),
+      dtype_(options.dtype) {
   if (context_ < 1)
     throw DataError("TokenDataset: context must be at least 1 token, got " + std::to_string(context_) + " (for " +
                     path_ + ").");
+  if (options.stride < 0)
+    throw DataError("TokenDataset: stride must be at least 1 token (or 0: the context), got " +
+                    std::to_string(options.stride) + " (for " + path_ + ").");
   // The loader may read in order or shuffled, and a window may span pages: the kernel's default
   // read-around serves both; MADV_RANDOM would make a cold in-order epoch one 4 KiB read per page.
   file_ = std::make_shared<const detail::MappedFile>(path_, detail::Access::normal, "TokenDataset");
@@ -93,8 +97,8 @@ TokenDataset::TokenDataset(std::string path, TokenDatasetOptions options)
 void TokenDataset::check_index(std::int64_t index) const {
   if (index < 0 || index >= size())
     throw DataError("TokenDataset: index " + std::to_string(index) + " is out of range for " + path_ + ", which has " +
-                    std::to_string(size()) + " windows of " + std::to_string(context_) +
-                    " tokens; indices go from 0 to size() - 1.");
+                    std::to_string(size()) + " windows of " + std::to_string(context_) + " tokens (stride " +
+                    std::to_string(stride_) + "); indices go from 0 to size() - 1.");
 }
 
 Batch TokenDataset::get(std::int64_t index) const {
@@ -110,9 +114,9 @@ Batch TokenDataset::get_batch(std::span<const std::int64_t> indices) const {
   auto* input = batch.input.data_ptr<std::int64_t>();
   auto* target = batch.target.data_ptr<std::int64_t>();
   if (dtype_ == TokenDtype::uint16)
-    copy_windows<std::uint16_t>(tokens, indices, context_, input, target);
+    copy_windows<std::uint16_t>(tokens, indices, context_, stride_, input, target);
   else
-    copy_windows<std::uint32_t>(tokens, indices, context_, input, target);
+    copy_windows<std::uint32_t>(tokens, indices, context_, stride_, input, target);
   return batch;
 }
 

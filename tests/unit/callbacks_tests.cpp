@@ -168,6 +168,19 @@ TEST_CASE("ProgressBar: plain lines off a terminal, in place on one, nothing whe
   CHECK_THROWS_WITH((CbTrainer<ProgressBar>(test::quiet())), Catch::Contains("enable_progress_bar = false"));
 }
 
+TEST_CASE("ProgressBar: the ETA counts to max_steps when it ends the epoch first", "[callbacks][progress]") {
+  std::ostringstream limited, whole;
+  for (const auto& [stream, max_steps] : {std::pair{&limited, std::int64_t{2}}, std::pair{&whole, std::int64_t{-1}}}) {
+    Scripted model;
+    CbTrainer<ProgressBar> trainer(TrainerConfig{.max_epochs = 1, .max_steps = max_steps},
+                                   ProgressBar({.plain_interval = std::chrono::seconds(0), .terminal = false, .stream = stream}));
+    trainer.fit(model, loader(40));  // 10 batches
+  }
+  CHECK_THAT(limited.str(), Catch::Contains("Epoch 1/1  1/10 10%") && Catch::Contains("(max_steps)"));
+  CHECK_THAT(whole.str(), Catch::Contains("Epoch 1/1  1/10 10%") && Catch::Contains("ETA "));
+  CHECK(whole.str().find("(max_steps)") == std::string::npos);
+}
+
 // ---- callbacks of the user's own ------------------------------------------------------------------
 
 namespace {

@@ -268,6 +268,27 @@ TEST_CASE("data files: TokenDataset windows of a nanoGPT file, target shifted by
   CHECK(TokenDataset(file("short.bin"), {.context = 7}).size() == 1);
 }
 
+TEST_CASE("data files: TokenDataset with a stride: overlapping windows, every position with stride 1", "[data]") {
+  const at::Tensor tokens = arange(1001) * 7 % 65521;
+  const TokenDataset every(file("tokens16.bin"), {.context = 8, .stride = 1});
+  CHECK(every.stride() == 1);
+  CHECK(every.size() == 993);  // starts 0..992: the last window's target ends at token 1000
+  for (const std::int64_t i : {std::int64_t{0}, std::int64_t{5}, std::int64_t{992}}) {
+    CHECK(torch::equal(every.get(i).input, tokens.slice(0, i, i + 8)));
+    CHECK(torch::equal(every.get(i).target, tokens.slice(0, i + 1, i + 9)));
+  }
+  const std::vector<std::int64_t> rows{992, 3};
+  CHECK(torch::equal(every.get_batch(rows).target[0], tokens.slice(0, 993, 1001)));
+  const TokenDataset thirds(file("tokens16.bin"), {.context = 8, .stride = 3});
+  CHECK(thirds.size() == 331);  // starts 0, 3, ..., 990
+  CHECK(torch::equal(thirds.get(330).input, tokens.slice(0, 990, 998)));
+  CHECK_THAT(test::message_of<DataError>([&] { (void)thirds.get(331); }),
+             Catch::Contains("331 windows of 8 tokens (stride 3)"));
+  CHECK(TokenDataset(file("tokens16.bin"), {.context = 8}).stride() == 8);  // 0: the context
+  CHECK(TokenDataset(file("exact16.bin"), {.context = 8, .stride = 100}).size() == 1);
+  CHECK_THAT(token_error("tokens16", {.context = 8, .stride = -1}), Catch::Contains("stride must be at least 1 token"));
+}
+
 TEST_CASE("data files: TokenDataset get_batch stacks the windows get returns", "[data]") {
   const TokenDataset dataset(file("tokens32.bin"), {.context = 16, .dtype = TokenDtype::uint32});
   const std::vector<std::int64_t> indices{3, 0, 61, 3};

@@ -11,9 +11,12 @@
 // whatever options.dtype says, and dtype() reports it. (A headerless file cannot start with it by
 // chance unless its first token is 54600 or 20240520, both beyond GPT-2's vocabulary.)
 //
-// Sample i is the window starting at token i * context: disjoint windows, each with its target
-// shifted by one token, so size() = (num_tokens - 1) / context. get and get_batch copy (the int64
-// conversion needs one), read only, and may be called from several threads at once.
+// Sample i is the window starting at token i * stride, its target shifted by one token. The default
+// stride is the context: disjoint windows, size() = (num_tokens - 1) / context, an epoch reads each
+// token once (what a validation set wants). A smaller stride makes overlapping windows — stride 1 is
+// every position, and a shuffled epoch over them is nanoGPT's random windows, drawn without
+// replacement. get and get_batch copy (the int64 conversion needs one), read only, and may be called
+// from several threads at once.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -34,6 +37,7 @@ enum class TokenDtype { uint16, uint32 };
 struct TokenDatasetOptions {
   std::int64_t context = 256;             // tokens per sample
   TokenDtype dtype = TokenDtype::uint16;  // of a headerless file
+  std::int64_t stride = 0;                // tokens between window starts; 0: context (disjoint windows)
 };
 
 class TokenDataset {
@@ -41,8 +45,8 @@ class TokenDataset {
   /// Maps and checks `path`; a DataError naming the file, what is wrong and what to do otherwise.
   explicit TokenDataset(std::string path, TokenDatasetOptions options = {});
 
-  /// The number of windows: (num_tokens() - 1) / context().
-  std::int64_t size() const { return (num_tokens_ - 1) / context_; }
+  /// The number of windows: (num_tokens() - 1 - context()) / stride() + 1.
+  std::int64_t size() const { return (num_tokens_ - 1 - context_) / stride_ + 1; }
   /// Window `index`: {input, target}, int64 tensors of shape {context}, target = input shifted by one.
   Batch get(std::int64_t index) const;
   /// Windows `indices` stacked: {input, target} of shape {indices.size(), context}, one allocation
@@ -52,6 +56,7 @@ class TokenDataset {
   std::int64_t num_tokens() const { return num_tokens_; }
   TokenDtype dtype() const { return dtype_; }
   std::int64_t context() const { return context_; }
+  std::int64_t stride() const { return stride_; }
   const std::string& path() const { return path_; }
   /// True when the file has llm.c's 256-word header.
   bool has_llmc_header() const { return tokens_offset_ != 0; }
@@ -61,7 +66,7 @@ class TokenDataset {
 
   std::string path_;
   std::shared_ptr<const detail::MappedFile> file_;
-  std::int64_t context_ = 0;
+  std::int64_t context_ = 0, stride_ = 0;
   TokenDtype dtype_ = TokenDtype::uint16;
   std::int64_t tokens_offset_ = 0;  // bytes before the first token
   std::int64_t num_tokens_ = 0;
