@@ -157,7 +157,10 @@ StepError step_failure(std::string_view step, const StepContext& ctx, std::strin
             "on the loader (fulgur::data::TensorLoaderOptions::drop_last), or choose a batch size that does not leave "
             "one sample (under DDP, per process)."
           : ". Make the batch's dtype, shape and device match what the model expects.";
-  return StepError("fulgur: " + position_text(step, ctx.current_epoch, ctx.batch_idx, ctx.global_step) +
+  // With several evaluation loaders the batch index alone does not say which batch: name the loader too.
+  const std::string loader =
+      ctx.dataloader_idx ? " of the loader at dataloader_idx " + std::to_string(*ctx.dataloader_idx) : std::string();
+  return StepError("fulgur: " + position_text(step, ctx.current_epoch, ctx.batch_idx, ctx.global_step) + loader +
                    " failed under precision '" + std::string(precision) + "': " + what + "\n  batch: " +
                    batch_description + "\n  " + parameters_text(module) + advice);
 }

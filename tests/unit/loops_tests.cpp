@@ -854,6 +854,26 @@ TEST_CASE("several evaluation loaders: a logged name that already says its loade
   CHECK(results[0].metrics.contains("acc_of_1"));  // no suffix: a value of no one loader reaches every result
 }
 
+TEST_CASE("several evaluation loaders: a step LibTorch refuses names the loader of its batch", "[loops][loaders][errors]") {
+  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision> trainer(test::quiet());
+  struct FitsImpl : torch::nn::Module {  // fc takes 4 columns: the second loader's batches have 3
+    torch::nn::Linear fc{register_module("fc", torch::nn::Linear(4, 2))};
+    at::Tensor validation_step(const data::Batch& b, std::int64_t, std::int64_t) { return fc(b.input).sum(); }
+  };
+  auto fits = std::make_shared<FitsImpl>();
+  data::TensorLoader three_columns(torch::zeros({4, 3}), torch::zeros({4}, torch::kLong), {.batch_size = 2});
+  const std::string message =
+      test::message_of<StepError>([&] { trainer.validate(fits, {rows(4, 2, 0.0F), three_columns}); });
+  CHECK_THAT(message, Catch::Contains("validation_step at epoch 0, batch 0 (global_step 0) of the loader at "
+                                      "dataloader_idx 1 failed"));
+  struct OneImpl : torch::nn::Module {
+    torch::nn::Linear fc{register_module("fc", torch::nn::Linear(4, 2))};
+    at::Tensor validation_step(const data::Batch& b, std::int64_t) { return fc(b.input).sum(); }
+  };
+  CHECK_THAT(test::message_of<StepError>([&] { trainer.validate(std::make_shared<OneImpl>(), three_columns); }),
+             !Catch::Contains("dataloader_idx"));  // one loader: nothing to tell apart
+}
+
 namespace {
 /// Logs a value on step and epoch in each loader (probe: the "_step"/"_epoch" forms under several loaders).
 struct StepAndEpochImpl : torch::nn::Module {

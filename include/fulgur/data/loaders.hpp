@@ -34,11 +34,38 @@ std::string loader_description(L& loader) {
   if constexpr (requires { loader.describe(); }) return loader.describe();
   else return "a loader";
 }
+
+/// What a set of loaders does as one, on top of its each(f) and count(): under DDP each loader that
+/// can be sharded takes this rank's part (as a single loader would), set_epoch reaches each loader
+/// that reshuffles, and describe names them all.
+template <class Set>
+class LoaderSetOperations {
+ public:
+  Set& shard(int rank, int world_size) {
+    self().each([&](auto& l, std::int64_t) {
+      if constexpr (requires { l.shard(rank, world_size); }) l.shard(rank, world_size);
+    });
+    return self();
+  }
+  void set_epoch(std::int64_t epoch) {
+    self().each([&](auto& l, std::int64_t) {
+      if constexpr (requires { l.set_epoch(epoch); }) l.set_epoch(epoch);
+    });
+  }
+  std::string describe() {
+    std::string out = std::to_string(self().count()) + " loaders:";
+    self().each([&](auto& l, std::int64_t i) { out += " [" + std::to_string(i) + "] " + loader_description(l); });
+    return out;
+  }
+
+ private:
+  Set& self() { return static_cast<Set&>(*this); }
+};
 }  // namespace detail
 
 /// Evaluation loaders of any types, run in order as dataloader_idx 0, 1, ...
 template <class... Loaders>
-class EvaluationLoaders {
+class EvaluationLoaders : public detail::LoaderSetOperations<EvaluationLoaders<Loaders...>> {
   static_assert(sizeof...(Loaders) >= 1, "fulgur::data::loaders(): give it at least one loader.");
 
  public:
@@ -60,31 +87,13 @@ class EvaluationLoaders {
   {
     return std::apply([](auto&... l) { return (static_cast<std::int64_t>(l.size()) + ...); }, loaders_);
   }
-  /// Under DDP each loader that can be sharded takes this rank's part (as a single loader would).
-  EvaluationLoaders& shard(int rank, int world_size) {
-    each([&](auto& l, std::int64_t) {
-      if constexpr (requires { l.shard(rank, world_size); }) l.shard(rank, world_size);
-    });
-    return *this;
-  }
-  void set_epoch(std::int64_t epoch) {
-    each([&](auto& l, std::int64_t) {
-      if constexpr (requires { l.set_epoch(epoch); }) l.set_epoch(epoch);
-    });
-  }
-  std::string describe() {
-    std::string out = std::to_string(count()) + " loaders:";
-    each([&](auto& l, std::int64_t i) { out += " [" + std::to_string(i) + "] " + detail::loader_description(l); });
-    return out;
-  }
-
  private:
   std::tuple<Loaders...> loaders_;
 };
 
 /// Evaluation loaders of one type (a braced list given to fit/validate/test/predict), copied.
 template <class Loader>
-class EvaluationLoaderList {
+class EvaluationLoaderList : public detail::LoaderSetOperations<EvaluationLoaderList<Loader>> {
  public:
   static constexpr bool several_loaders = true;
   using loader_types = std::tuple<Loader>;
@@ -103,21 +112,6 @@ class EvaluationLoaderList {
     for (const auto& l : loaders_) total += static_cast<std::int64_t>(l.size());
     return total;
   }
-  EvaluationLoaderList& shard(int rank, int world_size) {
-    if constexpr (requires(Loader& l) { l.shard(rank, world_size); })
-      for (auto& l : loaders_) l.shard(rank, world_size);
-    return *this;
-  }
-  void set_epoch(std::int64_t epoch) {
-    if constexpr (requires(Loader& l) { l.set_epoch(epoch); })
-      for (auto& l : loaders_) l.set_epoch(epoch);
-  }
-  std::string describe() {
-    std::string out = std::to_string(count()) + " loaders:";
-    each([&](auto& l, std::int64_t i) { out += " [" + std::to_string(i) + "] " + detail::loader_description(l); });
-    return out;
-  }
-
  private:
   std::vector<Loader> loaders_;
 };

@@ -114,7 +114,7 @@ class EvaluationLoop {
     if constexpr (requires { data_.set_epoch(ctx.current_epoch); })
       if (mode != EvaluationMode::standalone) data_.set_epoch(ctx.current_epoch);  // a sampler may follow fit's epoch
     const std::vector<std::int64_t> caps = loader_caps(max_batches, mode);
-    if (TrainerView* view = hook_.view()) view->set_num_evaluation_batches(total_batches(caps, max_batches));
+    if (TrainerView* view = hook_.view()) view->set_num_evaluation_batches(total_batches(caps));
     losses_.assign(caps.size(), LossSum{});
     if (seen_batches_.size() < caps.size()) seen_batches_.resize(caps.size(), 0);
     ModuleModes modes(hook_.module());
@@ -180,7 +180,8 @@ class EvaluationLoop {
       return caps;
     }
   }
-  std::int64_t total_batches(const std::vector<std::int64_t>& caps, std::int64_t max_batches) {
+  /// The batches this run will take over all loaders (-1 when a loader cannot tell its length).
+  std::int64_t total_batches(const std::vector<std::int64_t>& caps) {
     std::int64_t total = 0;
     std::size_t i = 0;
     auto add = [&](auto& loader) {
@@ -191,7 +192,6 @@ class EvaluationLoop {
     };
     if constexpr (several) data_.each([&](auto& loader, std::int64_t) { add(loader); });
     else add(data_);
-    (void)max_batches;
     return total;
   }
 
