@@ -65,6 +65,10 @@ TrainOutcome train(const TrainArguments& args) {
                    .gradient_clip_val = 1.0,
                    .seed = static_cast<std::uint64_t>(args.seed),
                    .val_check_interval = args.val_every,
+                   // unset: validation every val_every steps counted across epochs (never at an epoch's
+                   // end by itself), so the last validation ran at the last step exactly when
+                   // max_steps is a multiple of val_every, even when epochs are short.
+                   .check_val_every_n_epoch = std::nullopt,
                    .log_every_n_steps = 25,
                    .default_root_dir = args.out},
                   // A fixed folder (not the logger's version_N), so that --resume finds last.ckpt.
