@@ -10,7 +10,7 @@ usage() {
     echo "usage: bash $me [BENCHMARK FLAGS...]   (builds and runs bench_matrix)"
   else
     echo "usage: bash $me [--target TARGET] [BENCHMARK FLAGS...]"
-    echo "  --target TARGET   the benchmark program to build and run: bench_step (default) or bench_matrix"
+    echo "  --target TARGET   the benchmark program to build and run: bench_step (default), bench_matrix or bench_cli_step"
   fi
   cat <<USAGE
   -h, --help        this text (nothing is built)
@@ -24,7 +24,7 @@ case "${1:-}" in
   -h|--help) usage; exit 0 ;;
   --target)
     if [ $# -lt 2 ] || [ -z "$2" ] || [ "${2#-}" != "$2" ]; then
-      echo "$me: --target needs a value (bench_step or bench_matrix)" >&2
+      echo "$me: --target needs a value (bench_step, bench_matrix or bench_cli_step)" >&2
       usage >&2
       exit 2
     fi
@@ -33,8 +33,8 @@ case "${1:-}" in
   --target=*) target=${1#--target=}; shift ;;
 esac
 case "$target" in
-  bench_step|bench_matrix) ;;
-  *) echo "$me: unknown target '$target' (bench_step or bench_matrix)" >&2; exit 2 ;;
+  bench_step|bench_matrix|bench_cli_step) ;;
+  *) echo "$me: unknown target '$target' (bench_step, bench_matrix or bench_cli_step)" >&2; exit 2 ;;
 esac
 for arg in "$@"; do
   case "$arg" in -h|--help) usage; exit 0 ;; esac

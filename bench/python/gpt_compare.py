@@ -20,12 +20,14 @@ here = pathlib.Path(__file__).resolve().parent
 
 
 def fulgur_run(args, out):
-    command = [args.gpt, "train", "--data", args.data, "--out", str(out), "--max-steps", str(args.max_steps),
-               "--val-every", str(args.val_every)]
+    command = [args.gpt, "fit", f"--data.dir={args.data}", f"--trainer.default_root_dir={out}",
+               f"--trainer.callbacks.dirpath={out}/checkpoints", f"--trainer.max_steps={args.max_steps}",
+               f"--model.max_steps={args.max_steps}", f"--trainer.val_check_interval={args.val_every}",
+               "--trainer.enable_progress_bar=false"]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
-    tokens_per_second = float(re.search(r"validation loss [0-9.]+ \(\S+\), ([0-9.]+) tokens/s", done.stdout)[1])
+    tokens_per_second = float(re.search(r"gpt: ([0-9.]+) training tokens/s", done.stdout)[1])
     curve = {}
     with open(next(out.glob("lightning_logs/version_*/metrics.csv"))) as f:
         for row in csv.DictReader(f):

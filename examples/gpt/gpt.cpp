@@ -1,22 +1,22 @@
 // A byte-level GPT trained from text on disk (nanoGPT's recipe, at a size two CPU cores train in
-// minutes): the text becomes token files, a TokenDataset + DataLoader (worker threads) feeds fit,
-// bf16-mixed autocast, fused AdamW, linear warm-up into a cosine decay, gradient clipping,
-// ModelCheckpoint (best and last; --resume continues from last.ckpt exactly), TensorBoard and CSV
-// logs, validation loss, and a few lines of generated text at the end. docs/gpt-example.md.
+// minutes), as a fulgur::cli program: a TokenDataset + DataLoader (worker threads) feed fit, bf16-mixed
+// autocast, fused AdamW, linear warm-up into a cosine decay, gradient clipping, ModelCheckpoint (best
+// and last; --ckpt_path=last continues exactly), TensorBoard and CSV logs, and a few lines of generated
+// text at the end. docs/gpt-example.md.
 //
-//   gpt prepare TEXT_FILE [--out DIR] [--val-fraction 0.1]        writes DIR/train.bin and DIR/val.bin
-//   gpt train [--data DIR] [--out DIR] [--max-steps 1500] [--val-every 250] [--batch-size 32]
-//             [--workers 2] [--precision bf16-mixed|32-true] [--accelerator cpu|cuda] [--seed 0]
-//             [--resume] [--goal LOSS] [--stop-at-step N]
-// --max-steps sets the run's length (and so the schedule's); --stop-at-step ends this process's part
-// of it early, as Ctrl-C or a preemption would, so that --resume can continue it. train exits 1 when the final validation loss is above --goal (when given). scripts/demo.sh gpt runs
-// both steps on Python's own documentation text.
-#include <fulgur/fulgur.hpp>
+//   gpt prepare TEXT_FILE [--out DIR] [--val-fraction 0.1]      writes DIR/train.bin and DIR/val.bin
+//   gpt fit [--config FILE] [--data.dir=DIR] [--trainer.max_steps=N] [--model.width=N] ... [--goal LOSS]
+//   gpt validate|test --ckpt_path=last ...                      the loss of a checkpoint's weights
+//   gpt fit --help                                              every key, its type, default and doc
+// model.max_steps is the schedule's length; trainer.max_steps (by default the same) may stop a run
+// earlier, as Ctrl-C or a preemption would, and --ckpt_path=last continues it. --goal is this
+// program's own flag: fit exits 1 when the final validation loss is above it.
+#include <fulgur/cli.hpp>
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <filesystem>
-#include <type_traits>
+#include <optional>
 #include <iostream>
 #include <string>
 
@@ -25,111 +25,97 @@
 
 namespace {
 
-struct TrainArguments {
-  std::string data = "data/gpt", out = "gpt_run", precision = "bf16-mixed", accelerator = "auto";
-  std::int64_t max_steps = 1500, val_every = 250, batch_size = 32, seed = 0;
-  std::int64_t stop_at_step = 0;  // 0: max_steps
+struct TokenDataConfig {
+  std::string dir = "data/gpt";
+  std::int64_t batch_size = 32;
   int workers = 2;
-  bool resume = false;
-  double goal = 0.0;  // 0: none
-};
-
-struct TrainOutcome {
-  double val_loss = 0.0;
-  double tokens_per_second = 0.0;
-  bool interrupted = false;  // Ctrl-C: fit saved nothing more; --resume continues from the last checkpoint
-};
-
-template <class Combination>
-TrainOutcome train(const TrainArguments& args) {
-  using Trainer = typename Combination::template with_callbacks<fulgur::ModelCheckpoint, fulgur::LearningRateMonitor,
-                                                                fulgur::Timer, fulgur::TensorBoardLogger,
-                                                                fulgur::CSVLogger>;
-  gpt::GptConfig config{.max_steps = args.max_steps};
-  config.warmup_steps = std::min<std::int64_t>(config.warmup_steps, args.max_steps / 10 + 1);
-
-  // Every position starts a training window (stride 1): a shuffled epoch is nanoGPT's random windows
-  // drawn without replacement. Validation reads each token once, in disjoint windows.
-  fulgur::data::TokenDataset train_tokens(args.data + "/train.bin", {.context = config.context, .stride = 1});
-  fulgur::data::TokenDataset val_tokens(args.data + "/val.bin", {.context = config.context});
-  const bool cuda = std::string(Combination::accelerator_type::name) == "cuda";
-  fulgur::data::DataLoader train_loader(train_tokens, {.batch_size = args.batch_size,
-                                                       .shuffle = true,
-                                                       .num_workers = args.workers,
-                                                       .pin_memory = cuda,
-                                                       .seed = static_cast<std::uint64_t>(args.seed)});
-  fulgur::data::DataLoader val_loader(val_tokens,
-                                      {.batch_size = args.batch_size, .num_workers = args.workers, .pin_memory = cuda});
-
-  Trainer trainer({.max_steps = args.stop_at_step > 0 ? args.stop_at_step : args.max_steps,
-                   .gradient_clip_val = 1.0,
-                   .seed = static_cast<std::uint64_t>(args.seed),
-                   .val_check_interval = args.val_every,
-                   // unset: validation every val_every steps counted across epochs (never at an epoch's
-                   // end by itself), so the last validation ran at the last step exactly when
-                   // max_steps is a multiple of val_every, even when epochs are short.
-                   .check_val_every_n_epoch = std::nullopt,
-                   .log_every_n_steps = 25,
-                   .default_root_dir = args.out},
-                  // A fixed folder (not the logger's version_N), so that --resume finds last.ckpt.
-                  fulgur::ModelCheckpoint({.dirpath = args.out + "/checkpoints",
-                                           .filename = "{step}-{val_loss:.3f}",
-                                           .monitor = "val_loss",
-                                           .save_last = true}),
-                  fulgur::LearningRateMonitor(), fulgur::Timer(), fulgur::TensorBoardLogger(), fulgur::CSVLogger());
-  trainer.print("gpt: ", train_tokens.num_tokens(), " training and ", val_tokens.num_tokens(),
-                " validation tokens; ", trainer.combination_name(), ", ", args.workers, " loader workers");
-
-  gpt::Gpt model(config);
-  std::int64_t parameters = 0;
-  for (const auto& p : model->parameters()) parameters += p.numel();
-  trainer.print("gpt: ", config.layers, " blocks of width ", config.width, ", ", parameters, " parameters");
-
-  const fulgur::FitResult fit = trainer.fit(model, train_loader, val_loader, {.ckpt_path = args.resume ? "last" : ""});
-  if (fit.interrupted) {  // Ctrl-C: fit finished the step under way and returned; nothing more is saved
-    const std::string last = args.out + "/checkpoints/last.ckpt";
-    if (std::filesystem::exists(last))
-      trainer.print("interrupted at step ", fit.global_step, "; `gpt train --resume` with the same arguments continues "
-                    "from ", last, ", written at the last validation (every ", args.val_every, " steps)");
-    else
-      trainer.print("interrupted at step ", fit.global_step, " before the first checkpoint (step ", args.val_every,
-                    "): nothing to resume from");
-    return {.interrupted = true};
+  std::int64_t context = 128;  ///< linked to model.context
+  std::int64_t stride = 1;
+  std::optional<bool> pin_memory{};  ///< null: when a CUDA device is present
+  std::uint64_t seed = 0;
+  static constexpr auto fields() {
+    using fulgur::cli::field;
+    using C = TokenDataConfig;
+    return std::tuple(field("dir", &C::dir, "folder of train.bin and val.bin (`gpt prepare TEXT --out DIR` writes them)"),
+                      field("batch_size", &C::batch_size, "windows per batch"),
+                      field("workers", &C::workers, "loader worker threads"),
+                      field("context", &C::context, "tokens per window (follows model.context)"),
+                      field("stride", &C::stride, "tokens between training windows (1: every position)"),
+                      field("pin_memory", &C::pin_memory, "page-locked batches, copied on a side stream (null: when a CUDA device is present)"),
+                      field("seed", &C::seed, "the shuffle's seed"));
   }
-  // Training time without fit's validation runs (and its sanity check), over all parts of a resumed run.
-  const auto& timer = trainer.template callback<fulgur::Timer>();
-  const double training_seconds =
-      timer.time_elapsed(fulgur::Timer::Phase::train) - timer.time_elapsed(fulgur::Timer::Phase::validate);
-  // The loss on the final weights: fit's last validation when it ran at the last step, else one more.
-  const double val_loss = fit.global_step % args.val_every == 0 && fit.metrics.contains("val_loss")
-                              ? fit.metrics.at("val_loss")
-                              : trainer.validate(model, val_loader).metrics.at("val_loss");
-  const double tokens = static_cast<double>(fit.global_step * args.batch_size * config.context);
-  TrainOutcome outcome{.val_loss = val_loss, .tokens_per_second = tokens / training_seconds};
-  trainer.print("fit stopped: ", fit.stop_reason, "; best checkpoint ",
-                trainer.template callback<fulgur::ModelCheckpoint>().best_model_path());
-  trainer.print("logs: ", trainer.template callback<fulgur::TensorBoardLogger>().log_dir(),
-                " (tensorboard --logdir ", args.out, ")");
+};
 
-  at::Generator sampling = at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(args.seed));
-  const std::string prompt = "The ";
-  const auto text = model->generate(std::vector<std::int64_t>(prompt.begin(), prompt.end()), 300, 0.8, 40, sampling);
-  trainer.print("---- generated ----\n", gpt::decode(text), "\n-------------------");
-  return outcome;
-}
+/// The data module: every position starts a training window (stride 1, so a shuffled epoch is nanoGPT's
+/// random windows drawn without replacement); validation reads each token once, in disjoint windows.
+class TokenData {
+ public:
+  using config_type = TokenDataConfig;
+  explicit TokenData(TokenDataConfig config) : config_(std::move(config)) {
+    if (!config_.pin_memory) config_.pin_memory = torch::cuda::is_available();
+  }
+  void setup(std::string_view) {
+    if (!std::filesystem::exists(config_.dir + "/train.bin"))
+      throw std::runtime_error(config_.dir + "/train.bin does not exist: write it (and val.bin) with `gpt prepare "
+                               "TEXT_FILE --out " + config_.dir + "`, or set --data.dir");
+    train_.emplace(config_.dir + "/train.bin",
+                   fulgur::data::TokenDatasetOptions{.context = config_.context, .stride = config_.stride});
+    val_.emplace(config_.dir + "/val.bin", fulgur::data::TokenDatasetOptions{.context = config_.context});
+    std::printf("gpt: %lld training and %lld validation tokens\n", static_cast<long long>(train_->num_tokens()),
+                static_cast<long long>(val_->num_tokens()));
+  }
+  auto train_dataloader() {
+    return fulgur::data::DataLoader(*train_, {.batch_size = config_.batch_size, .shuffle = true,
+                                              .num_workers = config_.workers, .pin_memory = *config_.pin_memory,
+                                              .seed = config_.seed});
+  }
+  auto val_dataloader() { return evaluation_loader(); }
+  auto test_dataloader() { return evaluation_loader(); }
+
+ private:
+  fulgur::data::DataLoader<fulgur::data::TokenDataset> evaluation_loader() {
+    return fulgur::data::DataLoader(*val_, {.batch_size = config_.batch_size, .num_workers = config_.workers,
+                                            .pin_memory = *config_.pin_memory});
+  }
+  TokenDataConfig config_;
+  std::optional<fulgur::data::TokenDataset> train_, val_;
+};
+
+/// The run this program makes unless told otherwise: 1500 steps in bf16-mixed, validation every 250 steps
+/// counted across epochs (check_val_every_n_epoch null, so the last validation is at the last step),
+/// checkpoints in a fixed folder that --ckpt_path=last finds (ModelCheckpoint last in the list:
+/// --trainer.callbacks.dirpath moves them).
+constexpr const char* defaults = R"(
+seed_everything: 0
+trainer:
+  precision: bf16-mixed
+  max_steps: 1500
+  gradient_clip_val: 1.0
+  val_check_interval: 250
+  check_val_every_n_epoch: null
+  log_every_n_steps: 25
+  default_root_dir: gpt_run
+  enable_model_summary: false
+  callbacks:
+  - LearningRateMonitor
+  - class_path: ModelCheckpoint
+    init_args:
+      dirpath: gpt_run/checkpoints
+      filename: "{step}-{val_loss:.3f}"
+      monitor: val_loss
+      save_last: true
+  logger: [TensorBoardLogger, CSVLogger]
+)";
 
 /// argv[i] as a number, or an error naming the flag.
-template <class Number>
-Number number_after(const std::string& flag, const char* text) {
+double number_after(const std::string& flag, const std::string& text) {
   std::size_t used = 0;
   try {
     const double value = std::stod(text, &used);
-    if (used == std::string(text).size() && (std::is_floating_point_v<Number> || value == static_cast<Number>(value)))
-      return static_cast<Number>(value);
+    if (used == text.size()) return value;
   } catch (const std::exception&) {
   }
-  throw std::runtime_error(flag + " takes " +
-                           (std::is_floating_point_v<Number> ? "a number" : "an integer") + ", got '" + text + "'");
+  throw fulgur::MisconfigurationError(flag + " takes a number, got '" + text + "'");
 }
 
 int prepare(int argc, char** argv) {
@@ -138,7 +124,7 @@ int prepare(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--out" && i + 1 < argc) out = argv[++i];
-    else if (arg == "--val-fraction" && i + 1 < argc) val_fraction = number_after<double>(arg, argv[++i]);
+    else if (arg == "--val-fraction" && i + 1 < argc) val_fraction = number_after(arg, argv[++i]);
     else if (text.empty() && !arg.starts_with("--")) text = arg;
     else throw std::runtime_error("unknown argument " + arg);
   }
@@ -149,57 +135,38 @@ int prepare(int argc, char** argv) {
   return 0;
 }
 
-TrainArguments parse_train(int argc, char** argv) {
-  TrainArguments args;
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "--resume") args.resume = true;
-    else if (arg == "--data" && has_value) args.data = argv[++i];
-    else if (arg == "--out" && has_value) args.out = argv[++i];
-    else if (arg == "--precision" && has_value) args.precision = argv[++i];
-    else if (arg == "--accelerator" && has_value) args.accelerator = argv[++i];
-    else if (arg == "--max-steps" && has_value) args.max_steps = number_after<std::int64_t>(arg, argv[++i]);
-    else if (arg == "--val-every" && has_value) args.val_every = number_after<std::int64_t>(arg, argv[++i]);
-    else if (arg == "--batch-size" && has_value) args.batch_size = number_after<std::int64_t>(arg, argv[++i]);
-    else if (arg == "--workers" && has_value) args.workers = number_after<int>(arg, argv[++i]);
-    else if (arg == "--seed" && has_value) args.seed = number_after<std::int64_t>(arg, argv[++i]);
-    else if (arg == "--goal" && has_value) args.goal = number_after<double>(arg, argv[++i]);
-    else if (arg == "--stop-at-step" && has_value) args.stop_at_step = number_after<std::int64_t>(arg, argv[++i]);
-    else throw std::runtime_error("unknown argument " + arg + " (see the top of examples/gpt/gpt.cpp)");
-  }
-  if (args.max_steps < 1) throw std::runtime_error("--max-steps must be at least 1");
-  if (!std::filesystem::exists(args.data + "/train.bin"))
-    throw std::runtime_error(args.data + "/train.bin does not exist: write it (and val.bin) with "
-                             "`gpt prepare TEXT_FILE --out " + args.data + "`, or pass --data DIR");
-  if (args.accelerator == "auto") args.accelerator = torch::cuda::is_available() ? "cuda" : "cpu";
-  return args;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string command = argc > 1 ? argv[1] : "";
+  std::vector<std::string> args(argv, argv + argc);
   try {
-    if (command == "prepare") return prepare(argc, argv);
-    if (command != "train") {
-      std::cerr << "usage: gpt prepare TEXT_FILE [--out DIR] | gpt train [--data DIR] [--out DIR] ... "
-                   "(see the top of examples/gpt/gpt.cpp)\n";
-      return 2;
-    }
-    const TrainArguments args = parse_train(argc, argv);
+    if (args.size() > 1 && args[1] == "prepare") return prepare(argc, argv);
+    double goal = 0.0;  // this program's own flag, taken out before the CLI reads the rest
+    for (std::size_t i = 1; i < args.size(); ++i)
+      if (args[i] == "--goal" && i + 1 < args.size()) {
+        goal = number_after("--goal", args[i + 1]);
+        args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+        break;
+      } else if (args[i].starts_with("--goal=")) {
+        goal = number_after("--goal", args[i].substr(7));
+        args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
     // Two precisions on either device: the only combinations this program compiles.
     constexpr auto combinations = fulgur::compatible_trainers(
         fulgur::shipped_accelerators, boost::hana::tuple_t<fulgur::SingleDeviceStrategy>,
         boost::hana::tuple_t<fulgur::BF16MixedPrecision, fulgur::FloatPrecision>);
-    const TrainOutcome outcome = fulgur::dispatch(
-        args.accelerator, "single_device", args.precision,
-        [&](auto trainer_type) { return train<typename decltype(trainer_type)::type>(args); }, combinations);
-    if (outcome.interrupted) return 130;  // the shell's code for a run ended by SIGINT
-    std::printf("validation loss %.4f (%s), %.0f tokens/s\n", outcome.val_loss, args.precision.c_str(),
-                outcome.tokens_per_second);
-    if (args.goal > 0.0 && !(outcome.val_loss <= args.goal)) {
-      std::printf("the validation loss is above the goal %.3f\n", args.goal);
+    const fulgur::cli::Outcome outcome = fulgur::cli::run<gpt::Gpt, TokenData>(
+        args, combinations, fulgur::cli::shipped_classes{},
+        {.description = "A byte-level GPT on text from disk. First `gpt prepare TEXT_FILE --out DIR` writes the "
+                        "token files; then `gpt fit --data.dir=DIR` (docs/gpt-example.md). --goal LOSS: fit exits 1 "
+                        "above that final validation loss.",
+         .defaults = defaults,
+         .links = {{"model.context", "data.context"}}});
+    if (outcome.exit_code != 0 || !outcome.fit || goal <= 0.0) return outcome.exit_code;
+    const double val_loss = outcome.fit->metrics.count("val_loss") ? outcome.fit->metrics.at("val_loss") : INFINITY;
+    if (!(val_loss <= goal)) {
+      std::printf("the validation loss %.4f is above the goal %.3f\n", val_loss, goal);
       return 1;
     }
     return 0;
@@ -208,6 +175,6 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "gpt: " << e.what() << "\n";
-    return 2;
+    return 1;
   }
 }

@@ -3,10 +3,13 @@
 // causal scaled_dot_product_attention and a GELU MLP, learned positions, nanoGPT's initialisation
 // (N(0, 0.02), the residual projections scaled by 1/sqrt(2 * layers), zero biases). bench/python/
 // gpt_reference.py builds the same network in PyTorch for the side-by-side run (docs/gpt-example.md).
+#include <fulgur/cli/fields.hpp>
 #include <fulgur/fulgur.hpp>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,12 +24,28 @@ inline at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
   return at::linear(x, layer->weight, layer->bias);
 }
 
-/// The network's shape and the optimisation's hyper-parameters: one struct, so that the loggers
-/// record all of them (hparams.yaml, TensorBoard's HPARAMS tab) and a resumed run can check them.
+/// The network's shape and the optimisation's hyper-parameters: one struct, the `model` section of the
+/// program's config (--model.width=256), which the loggers and every checkpoint record.
 struct GptConfig {
   std::int64_t vocab = 256, context = 128, width = 128, heads = 4, layers = 4;
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, beta2 = 0.99;
   std::int64_t warmup_steps = 100, max_steps = 1500;
+  std::int64_t sample_bytes = 300;  ///< generated after fit
+  std::uint64_t sample_seed = 0;
+  static constexpr auto fields() {
+    using fulgur::cli::field;
+    using C = GptConfig;
+    return std::tuple(field("vocab", &C::vocab, "tokens (256: bytes)"), field("context", &C::context, "tokens a window sees"),
+                      field("width", &C::width, "embedding width"), field("heads", &C::heads, "attention heads (divide width)"),
+                      field("layers", &C::layers, "blocks"), field("lr", &C::lr, "peak learning rate"),
+                      field("min_lr", &C::min_lr, "learning rate at the end of the cosine decay"),
+                      field("weight_decay", &C::weight_decay, "AdamW's weight decay on the matrices"),
+                      field("beta2", &C::beta2, "AdamW's second beta"),
+                      field("warmup_steps", &C::warmup_steps, "linear warm-up steps"),
+                      field("max_steps", &C::max_steps, "the schedule's length (stop earlier with trainer.max_steps)"),
+                      field("sample_bytes", &C::sample_bytes, "bytes generated after fit (0: none)"),
+                      field("sample_seed", &C::sample_seed, "seed of the sampling"));
+  }
 };
 
 /// Pre-norm block: x + attention(ln1(x)), then + mlp(ln2(.)).
@@ -59,7 +78,11 @@ struct BlockImpl : torch::nn::Module {
 TORCH_MODULE(Block);
 
 struct GptImpl : torch::nn::Module {
-  explicit GptImpl(const GptConfig& config) : config(config) {
+  using config_type = GptConfig;
+  explicit GptImpl(const GptConfig& config = {}) : config(config) {
+    if (config.warmup_steps < 1 || config.warmup_steps >= config.max_steps)
+      throw std::invalid_argument("GptConfig: warmup_steps (" + std::to_string(config.warmup_steps) +
+                                  ") must be at least 1 and below max_steps (" + std::to_string(config.max_steps) + ")");
     if (config.width % config.heads != 0)
       throw std::invalid_argument("GptConfig: width (" + std::to_string(config.width) +
                                   ") must be a multiple of heads (" + std::to_string(config.heads) + ")");
@@ -84,6 +107,7 @@ struct GptImpl : torch::nn::Module {
 
   // ---- what fulgur's loops call ----------------------------------------------------------------
   at::Tensor training_step(const fulgur::data::Batch& batch, std::int64_t, fulgur::StepContext& ctx) {
+    trained_tokens += batch.input.numel();
     at::Tensor value = loss(batch);
     ctx.log("train_loss", value);
     return value;
@@ -118,13 +142,27 @@ struct GptImpl : torch::nn::Module {
             .interval = fulgur::SchedulerInterval::step};
   }
 
-  fulgur::Hyperparameters hparams() const {
-    return {{"vocab", config.vocab},     {"context", config.context},
-            {"width", config.width},     {"heads", config.heads},
-            {"layers", config.layers},   {"lr", config.lr},
-            {"min_lr", config.min_lr},   {"weight_decay", config.weight_decay},
-            {"beta2", config.beta2},     {"warmup_steps", config.warmup_steps},
-            {"max_steps", config.max_steps}};
+  // ---- the run's speed and a sample of what it learnt ----------------------------------------------
+  /// Training tokens/s over this process's fit, its validation runs left out.
+  void on_train_start() { clock = std::chrono::steady_clock::now(), trained_tokens = 0, validating_seconds = 0; }
+  void on_validation_start() { validation_started = std::chrono::steady_clock::now(); }
+  void on_validation_end() {
+    validating_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - validation_started).count();
+  }
+  void on_train_end() {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - clock).count();
+    tokens_per_second = static_cast<double>(trained_tokens) / (seconds - validating_seconds);
+  }
+  void on_fit_end() {
+    std::printf("gpt: %.0f training tokens/s\n", tokens_per_second);
+    if (config.sample_bytes <= 0) return;
+    at::Generator sampling = at::make_generator<at::CPUGeneratorImpl>(config.sample_seed);
+    const std::string prompt = "The ";
+    const auto text = generate(std::vector<std::int64_t>(prompt.begin(), prompt.end()), config.sample_bytes, 0.8, 40, sampling);
+    std::string bytes;
+    for (const std::int64_t t : text) bytes += static_cast<char>(t);
+    std::printf("---- generated ----\n%s\n-------------------\n", bytes.c_str());
+    std::fflush(stdout);
   }
 
   // ---- after training ------------------------------------------------------------------------------
@@ -153,6 +191,9 @@ struct GptImpl : torch::nn::Module {
   }
 
   GptConfig config;
+  std::int64_t trained_tokens = 0;
+  double validating_seconds = 0, tokens_per_second = 0;
+  std::chrono::steady_clock::time_point clock{}, validation_started{};
   torch::nn::Embedding tokens{nullptr};
   at::Tensor positions;
   std::vector<Block> blocks;  // registered as block0..block{layers-1}

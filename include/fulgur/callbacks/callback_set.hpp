@@ -38,13 +38,18 @@ struct callback_element<std::vector<T, A>> {
   using type = T;
 };
 
+template <class C>
+concept adds_hyperparameters = requires(const C& c) { c.hyperparameters(); };
+
 template <class... Ts>
 class CallbackSet {
  public:
   CallbackSet() = default;
   explicit CallbackSet(Ts... items)
     requires(sizeof...(Ts) > 0)
-      : items_(std::move(items)...) {}
+      : items_(std::move(items)...) {
+    check_state_keys();
+  }
 
   // A callback with a member of the hook's name that cannot take the call is reached too: the call
   // is then the compile error that names the hook (never a hook silently not called).
@@ -54,6 +59,9 @@ class CallbackSet {
         Hook::template callback_defines<typename callback_element<Ts>::type, Module, Args...>) ||
        ...);
   static constexpr bool has_loggers = (logger<typename callback_element<Ts>::type> || ...);
+  /// Some callback adds hyper-parameters for the loggers (hyperparameters() const), e.g. fulgur::cli's
+  /// resolved config.
+  static constexpr bool provides_hyperparameters = (adds_hyperparameters<typename callback_element<Ts>::type> || ...);
 
   template <hooks::CallbackGroup group, class Hook, class Module, class... Args>
   void call(Hook hook, TrainerView& view, Module& module, Args&... args) {
@@ -104,12 +112,10 @@ class CallbackSet {
   /// Each logger's version directory, under "<type>/<name>" (what a resumed run writes on in).
   StateDict logger_versions() const {
     StateDict out;
-    std::apply([&](const auto&... item) {
-      ([&] {
-        if constexpr (requires { item.log_dir(); item.version(); item.name(); })
-          if (!item.log_dir().empty()) out.insert(logger_key(item), item.version());
-      }(), ...);
-    }, items_);
+    for_each_item([&](const auto& item) {
+      if constexpr (requires { item.log_dir(); item.version(); item.name(); })
+        if (!item.log_dir().empty()) out.insert(logger_key(item), item.version());
+    });
     return out;
   }
   /// Points each logger that has no version of its own at the one the checkpoint's run wrote to,
@@ -122,11 +128,25 @@ class CallbackSet {
     });
   }
 
+  /// The loggers held (the elements of a std::vector of loggers counted one by one).
+  std::size_t logger_count() const {
+    std::size_t count = 0;
+    for_each_item([&](const auto& item) {
+      if constexpr (logger<std::remove_cvref_t<decltype(item)>>) ++count;
+    });
+    return count;
+  }
   /// Every logger gets the metrics, then saves (Lightning's logger connector does both).
   void log_metrics(const Metrics& metrics, std::int64_t step) {
     for_each_logger([&](auto& logger) {
       logger.log_metrics(metrics, step);
       if constexpr (requires { logger.save(); }) logger.save();
+    });
+  }
+  /// `into` with every callback's hyperparameters() added (later names replace earlier ones).
+  void collect_hyperparameters(Hyperparameters& into) {
+    for_each_item([&](const auto& item) {
+      if constexpr (requires { item.hyperparameters(); }) loggers::detail::merge_hyperparameters(into, item.hyperparameters());
     });
   }
   void log_hyperparams(const Hyperparameters& hparams) {
@@ -144,12 +164,10 @@ class CallbackSet {
   /// fit's ckpt_path = "last".
   std::vector<std::string> checkpoint_folders(const std::string& default_root_dir) const {
     std::vector<std::string> folders;
-    std::apply([&](const auto&... item) {
-      ([&] {
-        if constexpr (requires { item.checkpoint_folders(default_root_dir); })
-          for (std::string& folder : item.checkpoint_folders(default_root_dir)) folders.push_back(std::move(folder));
-      }(), ...);
-    }, items_);
+    for_each_item([&](const auto& item) {
+      if constexpr (requires { item.checkpoint_folders(default_root_dir); })
+        for (std::string& folder : item.checkpoint_folders(default_root_dir)) folders.push_back(std::move(folder));
+    });
     return folders;
   }
   std::string first_log_dir() {
@@ -164,13 +182,13 @@ class CallbackSet {
   // ---- checkpoints ------------------------------------------------------------------------------
   /// Each callback with state_dict() under its state key (Lightning's checkpoint["callbacks"]).
   void save_states(StateDict& out) const {
-    std::apply([&](const auto&... item) { (save_state(item, out), ...); }, items_);
+    for_each_item([&](const auto& item) { save_state(item, out); });
   }
   /// load_state_dict(state) on each callback the checkpoint holds a state for; returns the
   /// checkpoint's keys that no callback here claims (callbacks of the run that wrote it, missing now).
   std::vector<std::string> load_states(const StateDict& states) {
     std::vector<std::string> claimed;
-    std::apply([&](auto&... item) { (load_state(item, states, claimed), ...); }, items_);
+    for_each_item([&](auto& item) { load_state(item, states, claimed); });
     std::vector<std::string> unclaimed;
     for (const auto& entry : states)
       if (std::find(claimed.begin(), claimed.end(), entry.key().toStringRef()) == claimed.end())
@@ -180,7 +198,39 @@ class CallbackSet {
 
   std::tuple<Ts...>& items() { return items_; }
 
+  /// f(callback) for each callback, the elements of a std::vector of them included, in order.
+  template <class F>
+  void for_each_item(F&& f) {
+    std::apply([&](auto&... item) { (visit_item(item, f), ...); }, items_);
+  }
+  template <class F>
+  void for_each_item(F&& f) const {
+    std::apply([&](const auto&... item) { (visit_item(item, f), ...); }, items_);
+  }
+
  private:
+  template <class C, class F>
+  static void visit_item(C& item, F& f) {
+    if constexpr (is_vector<std::remove_const_t<C>>::value)
+      for (auto& element : item) f(element);
+    else
+      f(item);
+  }
+  /// Two stateful callbacks with one state key would overwrite each other's state in a checkpoint
+  /// (Lightning refuses them when the Trainer is built, as here).
+  void check_state_keys() const {
+    std::vector<std::string> keys;
+    for_each_item([&](const auto& item) {
+      if constexpr (stateful<std::remove_cvref_t<decltype(item)>>) {
+        const std::string key = state_key_of(item);
+        if (std::find(keys.begin(), keys.end(), key) != keys.end())
+          throw MisconfigurationError("fulgur: two stateful callbacks have the state key " + key +
+                                      ": their states would overwrite each other in a checkpoint. Give them "
+                                      "different settings (the state key is made of them), or keep one.");
+        keys.push_back(key);
+      }
+    });
+  }
   template <class C>
   static constexpr bool stateful = requires(C& c, const C& cc, const StateDict& s) {
     { cc.state_dict() } -> std::convertible_to<StateDict>;

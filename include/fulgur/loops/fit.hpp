@@ -203,8 +203,13 @@ class FitLoop final : private detail::LoopLink, public FitState {
     plan_batches();
     view_.set_num_training_batches(max_batches_ >= 0 ? max_batches_ : -1);
     view_.set_has_validation(schedule_.enabled);
-    if constexpr (callbacks_of<Host>::has_loggers && requires { module.hparams(); })
-      callbacks().log_hyperparams(module.hparams());  // Lightning's _log_hyperparams
+    if constexpr (callbacks_of<Host>::has_loggers &&
+                  (requires { module.hparams(); } || callbacks_of<Host>::provides_hyperparameters)) {
+      Hyperparameters hparams;  // Lightning's _log_hyperparams: the module's, and what callbacks add (fulgur::cli)
+      if constexpr (requires { module.hparams(); }) hparams = module.hparams();
+      callbacks().collect_hyperparameters(hparams);
+      callbacks().log_hyperparams(hparams);
+    }
     if (!module.is_training())
       warn("fulgur: the module is in eval mode at the start of training (dropout and batch norm behave as in "
            "evaluation); call module->train() before fit if that is not what you want.");

@@ -84,7 +84,11 @@ class LoopServices final : public detail::HostLink {
   StateDict precision_state() override { return host_.precision_state(); }
   void load_precision_state(const StateDict& state) override { host_.load_precision_state(state); }
   std::string combination_name() const override { return Host::combination_name(); }
-  bool has_loggers() const override { return Callbacks::has_loggers; }
+  /// Whether a logger is there: of a logger type, and (a std::vector of loggers) not an empty vector.
+  bool has_loggers() const override {
+    if constexpr (Callbacks::has_loggers) return callbacks_.logger_count() > 0;
+    else return false;
+  }
   void log_metrics(const Metrics& metrics, std::int64_t step) override {
     if constexpr (Callbacks::has_loggers) callbacks_.log_metrics(metrics, step);
   }

@@ -1,0 +1,62 @@
+#pragma once
+// fulgur::cli::SaveConfig: Lightning's SaveConfigCallback, added by the CLI to every Trainer it builds.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <variant>
+
+#include "fulgur/callbacks/trainer_view.hpp"
+#include "fulgur/detail/atomic_file.hpp"
+#include "fulgur/loggers/hyperparameters.hpp"
+#include "fulgur/stage.hpp"
+#include "fulgur/state_dict.hpp"
+
+namespace fulgur::cli {
+
+/// The CLI's own callback: writes config.yaml where the loggers write (global rank 0, fit only), adds
+/// the config to each checkpoint's hyper_parameters and to the loggers' hyper-parameters.
+class SaveConfig {
+ public:
+  SaveConfig(std::string yaml, Hyperparameters flat, Hyperparameters model, bool enabled)
+      : yaml_(std::move(yaml)), flat_(std::move(flat)), model_(std::move(model)), enabled_(enabled) {}
+  void setup(TrainerView& trainer, torch::nn::Module&, Stage stage) {
+    if (!enabled_ || stage != Stage::fit || !trainer.is_global_zero() || written_) return;
+    written_ = true;
+    const std::filesystem::path dir = trainer.log_dir();
+    std::filesystem::create_directories(dir);
+    // Never over another run's config (a resumed run writes into the same log directory): the next free name.
+    std::filesystem::path path = dir / "config.yaml";
+    for (int version = 1; std::filesystem::exists(path); ++version) {
+      std::ifstream in(path);
+      std::stringstream old;
+      old << in.rdbuf();
+      if (old.str() == yaml_) return;
+      path = dir / ("config-v" + std::to_string(version) + ".yaml");
+    }
+    fulgur::detail::atomic_write(path.string(), yaml_, "the resolved config");
+  }
+  Hyperparameters hyperparameters() const { return enabled_ ? flat_ : Hyperparameters{}; }
+  /// hyper_parameters: the model's keys (as Lightning's save_hyperparameters stores its init args) and
+  /// "config", the resolved YAML that --config reruns.
+  void on_save_checkpoint(TrainerView&, torch::nn::Module&, StateDict& checkpoint) const {
+    if (!enabled_) return;
+    c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+    if (checkpoint.contains("hyper_parameters") && checkpoint.at("hyper_parameters").isGenericDict())
+      dict = checkpoint.at("hyper_parameters").toGenericDict();
+    for (const auto& [key, value] : model_)
+      std::visit([&, k = key](const auto& v) { dict.insert_or_assign(k, c10::IValue(v)); }, value);
+    dict.insert_or_assign("config", yaml_);
+    checkpoint.insert("hyper_parameters", dict);
+  }
+
+ private:
+  std::string yaml_;
+  Hyperparameters flat_, model_;
+  bool enabled_;
+  bool written_ = false;
+};
+
+
+}  // namespace fulgur::cli

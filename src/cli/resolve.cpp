@@ -1,0 +1,606 @@
+// fulgur::cli's config: the command line, defaults, environment, files and overrides merged against
+// the schema, with every problem named by where it came from.
+#include "fulgur/cli/resolve.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+namespace fulgur::cli {
+
+namespace {
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string out = lines.size() == 1 ? "fulgur::cli: " : "fulgur::cli: " + std::to_string(lines.size()) + " problems:";
+  for (const auto& line : lines) out += (lines.size() == 1 ? "" : "\n  ") + line;
+  return out;
+}
+
+std::string describe_given(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return "null";
+  if (node.IsScalar()) return "'" + node.Scalar() + "'";
+  if (node.IsSequence()) return "a list";
+  return "a mapping";
+}
+
+std::string where_in_file(const std::string& file, const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.line < 0) return file;
+  return file + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+std::string join_key(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+
+std::vector<std::string> split(const std::string& key) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  for (std::size_t dot; (dot = key.find('.', start)) != std::string::npos; start = dot + 1)
+    parts.push_back(key.substr(start, dot - start));
+  parts.push_back(key.substr(start));
+  return parts;
+}
+
+const ClassChoice* find_choice(const Schema& slot, std::string_view name) {
+  for (const auto& choice : slot.choices)
+    if (choice.matches(name)) return &choice;
+  return nullptr;
+}
+
+std::string choice_names(const Schema& slot) {
+  std::string out;
+  for (const auto& choice : slot.choices) out += (out.empty() ? "" : ", ") + choice.name;
+  return out;
+}
+
+YAML::Node class_entry(const ClassChoice& choice) {
+  YAML::Node entry(YAML::NodeType::Map);
+  entry["class_path"] = choice.name;
+  YAML::Node args(YAML::NodeType::Map);
+  for (const auto& arg : choice.init_args) args[arg.name] = defaults_of(arg);
+  entry["init_args"] = args;
+  return entry;
+}
+
+std::vector<std::string> init_arg_names(const ClassChoice& choice) {
+  std::vector<std::string> names;
+  for (const auto& arg : choice.init_args)
+    for (auto& key : dotted_keys(arg, arg.kind == Schema::Kind::group ? arg.name : "")) names.push_back(key);
+  for (const auto& arg : choice.init_args)
+    if (arg.kind != Schema::Kind::group) names.push_back(arg.name);
+  return names;
+}
+
+std::string unknown_key(const std::string& key, const std::vector<std::string>& candidates) {
+  std::string text = "unknown key '" + key + "'";
+  if (const std::string near = closest(key, candidates); !near.empty()) text += "; did you mean " + near + "?";
+  return text;
+}
+
+}  // namespace
+
+// ---- schema ---------------------------------------------------------------------------------------
+
+const Schema* Schema::child(std::string_view key) const {
+  for (const auto& c : children)
+    if (c.name == key) return &c;
+  return nullptr;
+}
+Schema* Schema::child(std::string_view key) {
+  for (auto& c : children)
+    if (c.name == key) return &c;
+  return nullptr;
+}
+
+bool ClassChoice::matches(std::string_view given) const {
+  if (given == name) return true;
+  return std::find(aliases.begin(), aliases.end(), given) != aliases.end();
+}
+
+ConfigError::ConfigError(std::vector<std::string> found)
+    : MisconfigurationError(join_lines(found)), problems(std::move(found)) {}
+
+// ---- scalars ------------------------------------------------------------------------------------
+
+bool is_null(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return true;
+  if (!node.IsScalar() || node.Tag() == "!") return false;
+  const std::string& s = node.Scalar();
+  return s == "null" || s == "Null" || s == "NULL" || s == "~";
+}
+
+std::optional<bool> as_bool(const YAML::Node& node) {
+  if (!node.IsDefined() || !node.IsScalar() || node.Tag() == "!") return std::nullopt;
+  const std::string& s = node.Scalar();
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  return std::nullopt;
+}
+
+std::optional<long long> as_integer(const YAML::Node& node) {
+  if (!node.IsDefined() || !node.IsScalar()) return std::nullopt;
+  std::string s = node.Scalar();
+  if (!s.empty() && s.front() == '+') s.erase(0, 1);
+  long long value = 0;
+  const auto [end, error] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (error != std::errc() || end != s.data() + s.size() || s.empty()) return std::nullopt;
+  return value;
+}
+
+std::optional<double> as_number(const YAML::Node& node) {
+  if (!node.IsDefined() || !node.IsScalar()) return std::nullopt;
+  std::string s = node.Scalar();
+  if (s == ".inf" || s == ".Inf" || s == "+.inf" || s == "inf") return HUGE_VAL;
+  if (s == "-.inf" || s == "-.Inf" || s == "-inf") return -HUGE_VAL;
+  if (s == ".nan" || s == ".NaN" || s == "nan") return std::nan("");
+  if (!s.empty() && s.front() == '+') s.erase(0, 1);
+  double value = 0;
+  const auto [end, error] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (error != std::errc() || end != s.data() + s.size() || s.empty()) return std::nullopt;
+  return value;
+}
+
+std::string number_text(double value) {
+  if (std::isnan(value)) return ".nan";
+  if (std::isinf(value)) return value > 0 ? ".inf" : "-.inf";
+  char buffer[64];
+  const auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, value);
+  std::string text(buffer, error == std::errc() ? end : buffer);
+  // With a '.' always, before any exponent: YAML 1.1 readers (PyYAML) take "1e-05" for a string.
+  const std::size_t exponent = text.find('e');
+  if (text.find('.') == std::string::npos) text.insert(exponent == std::string::npos ? text.size() : exponent, ".0");
+  return text;
+}
+
+YAML::Node string_node(const std::string& text) {
+  YAML::Node node(text);
+  node.SetTag("!");  // what the parser gives a quoted scalar: a string, whatever its text
+  return node;
+}
+
+// ---- the command line ----------------------------------------------------------------------------
+
+CommandLine parse_command_line(const std::vector<std::string>& args, const std::vector<std::string>& subcommands) {
+  CommandLine command;
+  command.program = args.empty() ? "program" : std::filesystem::path(args.front()).filename().string();
+  std::vector<std::string> problems;
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "-h" || arg == "--help") {
+      command.help = true;
+      continue;
+    }
+    if (command.subcommand.empty()) {
+      if (std::find(subcommands.begin(), subcommands.end(), arg) != subcommands.end()) {
+        command.subcommand = arg;
+        continue;
+      }
+      std::string list;
+      for (const auto& s : subcommands) list += (list.empty() ? "" : ", ") + s;
+      std::string text = "'" + arg + "' is not a subcommand; the first argument is one of " + list;
+      if (const std::string near = closest(arg, subcommands); !near.empty()) text += " (did you mean " + near + "?)";
+      problems.push_back(text + ", e.g. `" + command.program + " fit --help`.");
+      break;
+    }
+    if (!arg.starts_with("--")) {
+      problems.push_back("'" + arg + "': expected an option --key=value (or --config FILE) after the subcommand.");
+      continue;
+    }
+    std::string key = arg.substr(2), value;
+    bool has_value = false;
+    if (const auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+      has_value = true;
+    }
+    if (key == "print_config") {
+      if (has_value && value != "true" && value != "false") {
+        problems.push_back("--print_config takes no value (or true / false), got '" + value + "'");
+        continue;
+      }
+      command.print_config = !has_value || value == "true";
+      continue;
+    }
+    auto take_value = [&]() -> bool {
+      if (has_value) return true;
+      if (i + 1 < args.size() && !args[i + 1].starts_with("--")) {
+        value = args[++i];
+        return true;
+      }
+      problems.push_back("--" + key + " needs a value (--" + key + "=VALUE or --" + key + " VALUE).");
+      return false;
+    };
+    if (key == "config" || key == "env_prefix") {
+      if (!take_value()) continue;
+      if (key == "config") command.sources.push_back({Source::Kind::file, "", value});
+      else command.env_prefix = value;
+      continue;
+    }
+    if (!take_value()) continue;
+    const bool append = key.ends_with("+");
+    if (append) key.pop_back();
+    command.sources.push_back({append ? Source::Kind::append : Source::Kind::set, key, value});
+  }
+  if (command.subcommand.empty() && !command.help && problems.empty()) {
+    std::string list;
+    for (const auto& s : subcommands) list += (list.empty() ? "" : ", ") + s;
+    problems.push_back("give a subcommand: " + list + " (e.g. `" + command.program + " fit --help`).");
+  }
+  if (!problems.empty()) throw ConfigError(problems);
+  return command;
+}
+
+// ---- the config --------------------------------------------------------------------------------
+
+YAML::Node defaults_of(const Schema& schema) {
+  if (schema.kind == Schema::Kind::group) {
+    YAML::Node map(YAML::NodeType::Map);
+    for (const auto& c : schema.children) map[c.name] = defaults_of(c);
+    return map;
+  }
+  return YAML::Clone(schema.default_value);
+}
+
+Config::Config(const Schema& root) : root_(&root), tree_(defaults_of(root)) {}
+
+void Config::problem(const std::string& where, const std::string& text) {
+  problems_.push_back(where.empty() ? text : where + ": " + text);
+}
+
+void Config::throw_if_problems() const {
+  if (!problems_.empty()) throw ConfigError(problems_);
+}
+
+void Config::set(const std::string& key, const YAML::Node& value) {
+  YAML::Node node = tree_;
+  const auto parts = split(key);
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) node.reset(node[parts[i]]);  // reset: rebinds (= would alias)
+  node[parts.back()] = YAML::Clone(value);
+}
+
+void Config::read_environment(const std::string& prefix) {
+  for (const std::string& key : dotted_keys(*root_)) {
+    std::string name = prefix + "_";
+    for (char c : key) name += c == '.' ? std::string("__") : std::string(1, static_cast<char>(std::toupper(c)));
+    if (const char* text = std::getenv(name.c_str()))
+      apply({Source::Kind::set, key, text, "environment variable " + name + "=" + text});
+  }
+}
+
+void Config::apply(const Source& source) {
+  if (source.kind == Source::Kind::file || source.kind == Source::Kind::text) {
+    const bool text = source.kind == Source::Kind::text;
+    const std::string name = text ? source.key : source.text;
+    YAML::Node file;
+    if (!text && std::filesystem::is_directory(source.text)) {
+      problem("--config " + source.text, "is a directory; give a YAML file");
+      return;
+    }
+    try {
+      file.reset(text ? YAML::Load(source.text) : YAML::LoadFile(source.text));
+    } catch (const YAML::BadFile&) {
+      problem("--config " + source.text, "cannot read the file (" +
+                                             (std::filesystem::exists(source.text) ? std::string("not readable")
+                                                                                   : std::string("no such file")) +
+                                             ")");
+      return;
+    } catch (const YAML::ParserException& e) {
+      problem(name + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1),
+              "YAML syntax error: " + e.msg);
+      return;
+    }
+    if (is_null(file)) return;  // an empty file
+    if (!file.IsMap()) {
+      problem(where_in_file(name, file), "a config file is a mapping of keys (trainer:, model:, ...), got " +
+                                             describe_given(file));
+      return;
+    }
+    for (const auto& entry : file) {
+      const std::string key = entry.first.Scalar();
+      const Schema* child = root_->child(key);
+      if (child == nullptr) {
+        problem(where_in_file(name, entry.first), unknown_key(key, dotted_keys(*root_)));
+        continue;
+      }
+      apply_node(tree_, key, *child, entry.second, key, name, false);
+    }
+    return;
+  }
+  const std::string where = !source.origin.empty() ? source.origin
+                            : "--" + source.key + (source.kind == Source::Kind::append ? "+=" : "=") + source.text;
+  apply_dotted(source.key, source.text, where, source.kind == Source::Kind::append);
+}
+
+namespace {
+/// A command-line value as the key reads it: YAML, or (a str key) the text itself.
+YAML::Node value_of(const std::string& text, const Schema& schema) {
+  if (schema.kind == Schema::Kind::value && schema.text != Schema::Text::yaml) {
+    if (schema.text == Schema::Text::raw_or_null && is_null(YAML::Node(text))) return YAML::Node(YAML::NodeType::Null);
+    return string_node(text);
+  }
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception&) {
+    return YAML::Node(text);  // not YAML: the text itself
+  }
+}
+}  // namespace
+
+void Config::apply_dotted(const std::string& key, const std::string& text, const std::string& where, bool append) {
+  const auto parts = split(key);
+  const Schema* schema = root_;
+  YAML::Node parent = tree_;
+  std::string path;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const std::string& part = parts[i];
+    if (schema->kind != Schema::Kind::group) break;
+    const Schema* child = schema->child(part);
+    if (child == nullptr) {
+      problem(where, unknown_key(key, dotted_keys(*root_)));
+      return;
+    }
+    const std::string child_path = join_key(path, part);
+    const bool last = i + 1 == parts.size();
+    if (last || child->kind == Schema::Kind::group) {
+      if (last) {
+        if (append && child->kind != Schema::Kind::class_list) {
+          problem(where, "'+=' appends to a list of classes (trainer.callbacks, trainer.logger); " + child_path +
+                             " is not one: use '='.");
+          return;
+        }
+        apply_node(parent, part, *child, value_of(text, *child), child_path, where, append);
+        return;
+      }
+      parent.reset(parent[part]);
+      schema = child;
+      path = child_path;
+      continue;
+    }
+    if (child->kind == Schema::Kind::value) {
+      problem(where, unknown_key(key, dotted_keys(*root_)));
+      return;
+    }
+    // A class slot with keys after it: an init_arg of its (last) class.
+    std::vector<std::string> rest(parts.begin() + static_cast<std::ptrdiff_t>(i) + 1, parts.end());
+    if (rest.front() == "class_path" && rest.size() == 1) {
+      apply_node(parent, part, *child, value_of(text, *child), child_path, where, append);
+      return;
+    }
+    if (rest.front() == "init_args") rest.erase(rest.begin());
+    if (rest.empty()) {
+      problem(where, "give one init_arg: --" + child_path + ".init_args.NAME=VALUE");
+      return;
+    }
+    YAML::Node slot = parent[part];
+    YAML::Node entry = slot;
+    if (child->kind == Schema::Kind::class_list) {
+      if (!slot.IsSequence() || slot.size() == 0) {
+        problem(where, child_path + " holds no class to set '" + rest.front() + "' on; add one first, e.g. --" +
+                           child_path + "+=" + (child->choices.empty() ? "NAME" : child->choices.front().name));
+        return;
+      }
+      entry.reset(slot[slot.size() - 1]);
+    }
+    const std::string class_name = entry["class_path"].Scalar();
+    const ClassChoice* choice = find_choice(*child, class_name);
+    std::string arg_key;
+    for (const auto& r : rest) arg_key += (arg_key.empty() ? "" : ".") + r;
+    YAML::Node args = entry["init_args"];
+    const Schema* arg_schema = nullptr;
+    if (choice != nullptr)
+      for (const auto& a : choice->init_args)
+        if (a.name == rest.front()) arg_schema = &a;
+    if (arg_schema == nullptr) {
+      const std::string text = choice != nullptr && choice->init_args.empty()
+                                   ? class_name + " takes no init_args"
+                                   : unknown_key(arg_key, choice ? init_arg_names(*choice) : std::vector<std::string>{});
+      problem(where, child_path + " (" + class_name + "): " + text);
+      return;
+    }
+    // Walk the rest inside the init_arg (a group of keys, e.g. a nested options struct).
+    YAML::Node at = args;
+    const Schema* s = arg_schema;
+    std::string leaf = rest.front();
+    for (std::size_t j = 1; j < rest.size(); ++j) {
+      const Schema* next = s->kind == Schema::Kind::group ? s->child(rest[j]) : nullptr;
+      if (next == nullptr) {
+        problem(where, child_path + " (" + class_name + "): " + unknown_key(arg_key, init_arg_names(*choice)));
+        return;
+      }
+      at.reset(at[leaf]);
+      leaf = rest[j];
+      s = next;
+    }
+    apply_node(at, leaf, *s, value_of(text, *s), child_path + ".init_args." + arg_key, where, false);
+    return;
+  }
+  problem(where, unknown_key(key, dotted_keys(*root_)));
+}
+
+void Config::apply_node(YAML::Node parent, const std::string& key, const Schema& schema, const YAML::Node& given,
+                        const std::string& path, const std::string& where_base, bool append) {
+  // A file's nodes carry their line; an override's do not.
+  const bool from_file = given.Mark().line >= 0 && !where_base.starts_with("--") && !where_base.starts_with("environment");
+  const std::string where = from_file ? where_in_file(where_base, given) : where_base;
+  switch (schema.kind) {
+    case Schema::Kind::value: {
+      if (const auto wrong = schema.check(given)) {
+        std::string text = path + ": expected " + *wrong + ", got " + describe_given(given);
+        if (schema.type.starts_with("str") && (given.IsMap() || given.IsSequence()))
+          text += " (in YAML, quote a text that starts with '{' or '[': \"{epoch}-{val_loss:.2f}\")";
+        problem(where, text);
+        return;
+      }
+      parent[key] = schema.normalize && !is_null(given) ? schema.normalize(given) : YAML::Clone(given);
+      return;
+    }
+    case Schema::Kind::group: {
+      if (is_null(given)) return;  // `trainer:` with its keys commented out: nothing to set
+      if (!given.IsMap()) {
+        problem(where, path + ": expected a mapping of its keys (" + path + ".KEY: VALUE), got " + describe_given(given));
+        return;
+      }
+      YAML::Node node = parent[key];
+      for (const auto& entry : given) {
+        const std::string sub = entry.first.Scalar();
+        const Schema* child = schema.child(sub);
+        if (child == nullptr) {
+          problem(from_file ? where_in_file(where_base, entry.first) : where,
+                  unknown_key(join_key(path, sub), dotted_keys(*root_)));
+          continue;
+        }
+        apply_node(node, sub, *child, entry.second, join_key(path, sub), where_base, false);
+      }
+      return;
+    }
+    case Schema::Kind::class_one:
+    case Schema::Kind::class_list: {
+      const bool list = schema.kind == Schema::Kind::class_list;
+      // One entry given as a name or {class_path, init_args}, merged onto `current` when it is the same class.
+      auto entry_of = [&](const YAML::Node& spec, YAML::Node current, const std::string& at) -> std::optional<YAML::Node> {
+        std::string name;
+        bool has_args = false;
+        std::vector<std::pair<YAML::Node, YAML::Node>> args_given;  // key and value nodes, with their file marks
+        if (spec.IsScalar() && !is_null(spec)) {
+          name = spec.Scalar();
+        } else if (spec.IsMap()) {
+          if (spec["class_path"]) name = spec["class_path"].Scalar();
+          else if (current && current.IsMap()) name = current["class_path"].Scalar();
+          has_args = true;
+          for (const auto& e : spec) {
+            const std::string k = e.first.Scalar();
+            if (k == "class_path") continue;
+            if (k == "init_args") {
+              if (!e.second.IsMap() && !is_null(e.second)) {
+                problem(where, at + ".init_args: expected a mapping, got " + describe_given(e.second));
+                return std::nullopt;
+              }
+              if (e.second.IsMap())
+                for (const auto& a : e.second) args_given.emplace_back(a.first, a.second);
+            } else {
+              args_given.emplace_back(e.first, e.second);
+            }
+          }
+          if (name.empty()) {
+            problem(where, at + ": give class_path (one of " + choice_names(schema) + ")");
+            return std::nullopt;
+          }
+        } else {
+          problem(where, at + ": expected a class name (one of " + choice_names(schema) +
+                             ") or {class_path: NAME, init_args: {...}}, got " + describe_given(spec));
+          return std::nullopt;
+        }
+        const ClassChoice* choice = find_choice(schema, name);
+        if (choice == nullptr) {
+          std::vector<std::string> names;
+          for (const auto& c : schema.choices) names.push_back(c.name);
+          std::string text = at + ": '" + name + "' is not a class this program compiled for it; it takes " +
+                             choice_names(schema);
+          if (const std::string near = closest(name, names); !near.empty()) text += " (did you mean " + near + "?)";
+          if (!schema.unknown_hint.empty()) text += ". " + schema.unknown_hint;
+          problem(where, text);
+          return std::nullopt;
+        }
+        YAML::Node entry = current && current.IsMap() && current["class_path"] && choice->matches(current["class_path"].Scalar())
+                               ? YAML::Clone(current)
+                               : class_entry(*choice);
+        if (has_args) {
+          YAML::Node args = entry["init_args"];
+          for (const auto& a : args_given) {
+            const std::string arg = a.first.Scalar();
+            const Schema* arg_schema = nullptr;
+            for (const auto& s : choice->init_args)
+              if (s.name == arg) arg_schema = &s;
+            if (arg_schema == nullptr) {
+              std::vector<std::string> candidates = init_arg_names(*choice);
+              candidates.insert(candidates.end(), {"class_path", "init_args"});
+              problem(from_file ? where_in_file(where_base, a.first) : where,
+                      at + " (" + choice->name + "): " +
+                          (choice->init_args.empty() ? choice->name + " takes no init_args"
+                                                     : unknown_key(arg, candidates)));
+              continue;
+            }
+            apply_node(args, arg, *arg_schema, a.second, at + ".init_args." + arg, where_base, false);
+          }
+        }
+        return entry;
+      };
+      if (!list) {
+        if (auto entry = entry_of(given, parent[key], path)) parent[key] = *entry;
+        return;
+      }
+      YAML::Node items(YAML::NodeType::Sequence);
+      if (append && parent[key].IsSequence())
+        for (const auto& e : parent[key]) items.push_back(YAML::Clone(e));
+      if (is_null(given) && !append) {
+        parent[key] = items;
+        return;
+      }
+      if (schema.takes_bool && !append)
+        if (const auto flag = as_bool(given)) {
+          parent[key] = *flag ? YAML::Clone(schema.default_value) : items;
+          return;
+        }
+      if (given.IsSequence()) {
+        for (std::size_t i = 0; i < given.size(); ++i)
+          if (auto entry = entry_of(given[i], YAML::Node(), path + "[" + std::to_string(items.size()) + "]"))
+            items.push_back(*entry);
+      } else if (auto entry = entry_of(given, YAML::Node(), path + "[" + std::to_string(items.size()) + "]")) {
+        items.push_back(*entry);
+      }
+      parent[key] = items;
+      return;
+    }
+  }
+}
+
+// ---- names ---------------------------------------------------------------------------------------
+
+std::vector<std::string> dotted_keys(const Schema& schema, const std::string& prefix) {
+  std::vector<std::string> keys;
+  for (const auto& c : schema.children) {
+    const std::string key = join_key(prefix, c.name);
+    if (c.kind == Schema::Kind::group)
+      for (auto& k : dotted_keys(c, key)) keys.push_back(std::move(k));
+    else
+      keys.push_back(key);
+  }
+  return keys;
+}
+
+std::string closest(std::string_view given, const std::vector<std::string>& candidates) {
+  auto distance = [](std::string_view a, std::string_view b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+      std::size_t diagonal = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        const std::size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        diagonal = up;
+      }
+    }
+    return row[b.size()];
+  };
+  // A key given without its section ("max_epochs" for "trainer.max_epochs").
+  for (const auto& c : candidates)
+    if (c.size() > given.size() && c.ends_with(given) && c[c.size() - given.size() - 1] == '.') return c;
+  // A key cut short ("find_unused" for "find_unused_parameters"), when only one candidate starts so.
+  std::string prefixed;
+  for (const auto& c : candidates)
+    if (given.size() >= 4 && c.starts_with(given)) prefixed = prefixed.empty() ? c : "\n";
+  if (!prefixed.empty() && prefixed != "\n") return prefixed;
+  std::string best;
+  std::size_t best_distance = std::string::npos;
+  for (const auto& c : candidates) {
+    const std::size_t d = distance(given, c);
+    if (d < best_distance) best_distance = d, best = c;
+  }
+  const std::size_t allowed = std::max<std::size_t>(1, std::min<std::size_t>(3, given.size() / 4));
+  return best_distance <= allowed ? best : "";
+}
+
+}  // namespace fulgur::cli

@@ -1,0 +1,187 @@
+// fulgur::cli end to end: a program's module and data module run from a command line, the run-time
+// choice reaching each compiled Trainer type, callbacks and loggers built from the config, the resolved
+// config saved beside the logs and in checkpoints, print -> run -> print, and the errors of the
+// run-time choice.
+#include <catch2/catch.hpp>
+#include <fulgur/cli.hpp>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cli/tiny.hpp"
+#include "unit/support.hpp"
+
+namespace cli = fulgur::cli;
+namespace hana = boost::hana;
+
+namespace {
+
+using tiny::Tiny, tiny::TinyData;
+using fulgur::BF16MixedPrecision, fulgur::DoublePrecision, fulgur::FloatPrecision, fulgur::CPUAccelerator,
+    fulgur::SingleDeviceStrategy, fulgur::DDPStrategy, fulgur::Trainer;
+constexpr auto compiled = hana::tuple_t<Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision>,
+                                        Trainer<CPUAccelerator, SingleDeviceStrategy, BF16MixedPrecision>,
+                                        Trainer<CPUAccelerator, SingleDeviceStrategy, DoublePrecision>,
+                                        Trainer<CPUAccelerator, DDPStrategy, FloatPrecision>>;
+
+cli::Outcome run(std::vector<std::string> args) {
+  args.insert(args.begin(), "tiny");
+  return cli::run<Tiny, TinyData>(args, compiled);
+}
+
+/// Quiet, short, and in its own folder.
+std::vector<std::string> base(const std::string& subcommand, const std::string& dir) {
+  return {subcommand, "--trainer.default_root_dir=" + dir, "--trainer.enable_progress_bar=false",
+          "--trainer.enable_model_summary=false", "--seed_everything=5"};
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+template <class F>
+std::string config_error(F&& f) {
+  return test::message_of<fulgur::MisconfigurationError>(std::forward<F>(f));
+}
+
+}  // namespace
+
+TEST_CASE("cli run: the strings reach each compiled combination", "[cli]") {
+  const std::string dir = test::scratch_folder("cli_combinations");
+  for (const auto& [strategy, precision, expected] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"single_device", "32-true", "cpu/single_device/32-true"},
+           {"single_device", "bf16", "cpu/single_device/bf16-mixed"},
+           {"SingleDeviceStrategy", "64-true", "cpu/single_device/64-true"},
+           {"ddp", "32", "cpu/ddp/32-true"}}) {
+    auto args = base("fit", dir);
+    for (const std::string a : {"--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.max_steps=3",
+                                "--trainer.accelerator=cpu", "--trainer.limit_val_batches=0"})
+      args.push_back(a);
+    args.push_back("--trainer.strategy=" + strategy);
+    args.push_back("--trainer.precision=" + precision);
+    const cli::Outcome outcome = run(args);
+    CHECK(outcome.combination == expected);
+    REQUIRE(outcome.fit);
+    CHECK(outcome.fit->global_step == 3);
+  }
+}
+
+TEST_CASE("cli run: callbacks and loggers from the config, the resolved config saved with the run", "[cli]") {
+  const std::string dir = test::scratch_folder("cli_saved");
+  const std::string config = dir + "/run.yaml";
+  std::ofstream(config) << "trainer:\n  max_epochs: 3\n  accelerator: cpu\n  callbacks:\n"
+                           "  - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n    init_args:\n"
+                           "      dirpath: " + dir + "/ckpt\n      save_last: true\n  - LearningRateMonitor\n"
+                           "  logger:\n  - class_path: CSVLogger\n    init_args:\n      flush_logs_every_n_steps: 1\n"
+                           "model:\n  hidden: 5\n";
+  auto args = base("fit", dir);
+  args.push_back("--config=" + config);
+  args.push_back("--model.lr=0.02");
+  const cli::Outcome outcome = run(args);
+  REQUIRE(outcome.fit);
+  CHECK(outcome.fit->epochs.size() == 3);
+  // The loggers: the config's keys as hyper-parameters; the learning rate logged by LearningRateMonitor.
+  const std::string log_dir = dir + "/lightning_logs/version_0";
+  CHECK(read(log_dir + "/config.yaml") == outcome.resolved_config);
+  CHECK_THAT(read(log_dir + "/hparams.yaml"), Catch::Contains("model.lr: 0.02") && Catch::Contains("model.hidden: 5"));
+  CHECK_THAT(read(log_dir + "/metrics.csv"), Catch::Contains("lr-SGD"));
+  // The checkpoint says how it was made.
+  const fulgur::StateDict checkpoint = fulgur::checkpoint::load(dir + "/ckpt/last.ckpt");
+  const auto hparams = checkpoint.at("hyper_parameters").toGenericDict();
+  CHECK(hparams.at("hidden").toInt() == 5);
+  CHECK(hparams.at("lr").toDouble() == 0.02);
+  CHECK(hparams.at("config").toStringRef() == outcome.resolved_config);
+  // The callbacks a config names (each class held in a std::vector) keep their states in checkpoints.
+  const auto states = checkpoint.at("callbacks").toGenericDict();
+  bool has_checkpoint_state = false;
+  for (const auto& entry : states) has_checkpoint_state |= entry.key().toStringRef().starts_with("ModelCheckpoint{");
+  CHECK(has_checkpoint_state);
+  CHECK_THAT(outcome.resolved_config, Catch::Contains("seed_everything: 5"));
+
+  // The checkpoint's weights for test and predict.
+  auto test_args = base("test", dir);
+  test_args.push_back("--ckpt_path=" + dir + "/ckpt/last.ckpt");
+  test_args.push_back("--model.hidden=5");
+  const cli::Outcome tested = run(test_args);
+  REQUIRE(tested.evaluation.size() == 1);
+  CHECK(tested.evaluation[0].metrics.at("test_mse") == Approx(outcome.fit->metrics.at("val_loss")).epsilon(1e-5));
+  CHECK_THAT(test::message_of<fulgur::Error>([&] {  // the wrong architecture: an error, not a silent mismatch
+               auto wrong = base("test", dir);
+               wrong.push_back("--ckpt_path=" + dir + "/ckpt/last.ckpt");
+               run(wrong);
+             }),
+             Catch::Contains("size mismatch for net.0.weight"));
+  auto predict_args = base("predict", dir);
+  predict_args.push_back("--ckpt_path=" + dir + "/ckpt/last.ckpt");
+  predict_args.push_back("--model.hidden=5");
+  CHECK(run(predict_args).predictions == 2);
+}
+
+TEST_CASE("cli run: print -> run -> print gives the same config, and the same run", "[cli]") {
+  const std::string dir = test::scratch_folder("cli_round_trip");
+  // seed_everything left true: a seed is drawn and printed, so the printed config repeats the run.
+  const std::vector<std::string> args{"fit", "--trainer.default_root_dir=" + dir, "--trainer.max_epochs=2",
+                                      "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
+                                      "--trainer.logger=false", "--trainer.enable_checkpointing=false",
+                                      "--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=val_loss",
+                                      "--data.batch_size=8"};
+  auto print = args;
+  print.push_back("--print_config");
+  const std::string printed = run(print).resolved_config;
+  CHECK_THAT(printed, Catch::Matches("(.|\n)*seed_everything: [0-9]+\n(.|\n)*"));
+  const std::string file = dir + "/printed.yaml";
+  std::ofstream(file) << printed;
+  const cli::Outcome first = run({"fit", "--config", file});
+  const cli::Outcome second = run({"fit", "--config", file});
+  CHECK(first.resolved_config == printed);
+  CHECK(second.resolved_config == printed);
+  REQUIRE(first.fit);
+  REQUIRE(second.fit);
+  CHECK(first.fit->metrics.at("val_loss") == second.fit->metrics.at("val_loss"));  // the same seed: the same run
+  CHECK(run({"fit", "--config", file, "--print_config"}).resolved_config == printed);
+}
+
+TEST_CASE("cli run: the run-time choice's errors", "[cli]") {
+  const std::string dir = test::scratch_folder("cli_errors");
+  auto with = [&](std::vector<std::string> extra) {
+    auto args = base("fit", dir);
+    args.insert(args.end(), extra.begin(), extra.end());
+    return config_error([&] { run(args); });
+  };
+  // Valid names, a combination the program did not compile: the ones it did.
+  CHECK_THAT(with({"--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.precision=bf16-mixed"}),
+             Catch::Contains("no compiled combination is accelerator='cpu', strategy='ddp', precision='bf16-mixed'") &&
+                 Catch::Contains("cpu/single_device/32-true, cpu/single_device/bf16-mixed"));
+  // A strategy fulgur has but this program did not compile.
+  CHECK_THAT(with({"--trainer.strategy=fsdp"}),
+             Catch::Contains("'fsdp' is not a class this program compiled for it; it takes auto, single_device, ddp"));
+  // The strategy's options are its init_args, checked by name.
+  CHECK_THAT(with({"--trainer.strategy=ddp", "--trainer.strategy.timeot=60"}),
+             Catch::Contains("trainer.strategy (ddp): unknown key 'timeot'; did you mean timeout?"));
+  CHECK_THAT(with({"--trainer.strategy=single_device", "--trainer.strategy.timeout=60"}),
+             Catch::Contains("single_device takes no init_args"));
+  // A config the Trainer refuses is refused before anything runs.
+  CHECK_THAT(with({"--trainer.accumulate_grad_batches=0"}), Catch::Contains("accumulate_grad_batches"));
+  // Two callbacks whose states would overwrite each other in a checkpoint (Lightning refuses them too).
+  CHECK_THAT(with({"--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=val_loss",
+                   "--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=val_loss"}),
+             Catch::Contains("two stateful callbacks have the state key EarlyStopping{'monitor': 'val_loss'"));
+}
+
+TEST_CASE("cli run: an incompatible combination gives the compile-time rule's sentence", "[cli]") {
+  constexpr auto nccl = fulgur::compatible_trainers(
+      fulgur::shipped_accelerators, hana::tuple_t<SingleDeviceStrategy, fulgur::BasicDDPStrategy<fulgur::backend::NCCL>>,
+      hana::tuple_t<FloatPrecision>);
+  const std::string dir = test::scratch_folder("cli_rule");
+  auto args = base("fit", dir);
+  args.insert(args.begin(), "tiny");
+  args.push_back("--trainer.accelerator=cpu");
+  args.push_back("--trainer.strategy=ddp");
+  const auto message = config_error([&] { cli::run<Tiny, TinyData>(args, nccl); });
+  CHECK_THAT(message, Catch::Contains(FULGUR_MSG_STRATEGY_ACCELERATOR));
+}
