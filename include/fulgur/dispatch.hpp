@@ -21,12 +21,15 @@
 #include <boost/hana/type.hpp>
 #include <boost/hana/unpack.hpp>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <variant>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "fulgur/accelerators/cpu.hpp"
 #include "fulgur/accelerators/cuda.hpp"
@@ -208,6 +211,21 @@ std::size_t process_count(type_list<A...>, std::string_view accelerator, const T
   return devices * static_cast<std::size_t>(config.num_nodes > 1 ? config.num_nodes : 1);
 }
 
+/// " (also 'gpu' for 'cuda', and 'auto')": the aliases whose names this program compiled, each with what
+/// it stands for, and 'auto' (`autos` says what 'auto' is, when it is one name).
+template <class Names>
+std::string aliases_of(Names names, std::initializer_list<std::pair<std::string_view, std::string_view>> aliases,
+                       std::string_view autos = {}) {
+  std::vector<std::string> parts;
+  for (const auto& [alias, target] : aliases)
+    if (has_name(names, target)) parts.push_back("'" + std::string(alias) + "' for '" + std::string(target) + "'");
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i];
+  out += (out.empty() ? "" : ", and ") + std::string("'auto'") +
+         (autos.empty() || !has_name(names, autos) ? "" : " for '" + std::string(autos) + "'");
+  return " (also " + out + ")";
+}
+
 /// One axis' name that no compiled combination has: which axis, what the program compiled, and (for a name
 /// fulgur ships) how to compile it.
 inline std::string unknown_name(std::string_view axis, std::string_view given, std::string_view resolved,
@@ -256,14 +274,15 @@ auto dispatch(std::string_view accelerator, std::string_view strategy, std::stri
   };
   axis(accelerator_known, "accelerator", given_accelerator, accelerator, detail::names_of(typename Axes::accelerators{}),
        detail::has_name(typename detail::types_of<std::remove_cvref_t<decltype(shipped_accelerators)>>::type{}, accelerator),
-       " (also 'gpu' for 'cuda', and 'auto')");
+       detail::aliases_of(typename Axes::accelerators{}, {{"gpu", "cuda"}}));
   axis(detail::has_name(typename Axes::strategies{}, strategy), "strategy", given_strategy, strategy,
        detail::names_of(typename Axes::strategies{}), detail::has_name(ShippedStrategies{}, strategy),
-       " (also 'deepspeed_stage_3' for 'fsdp', and 'auto')");
+       detail::aliases_of(typename Axes::strategies{}, {{"deepspeed_stage_3", "fsdp"}}));
   axis(detail::has_name(typename Axes::precisions{}, precision), "precision", given_precision, precision,
        detail::names_of(typename Axes::precisions{}),
        detail::has_name(typename detail::types_of<std::remove_cvref_t<decltype(shipped_precisions)>>::type{}, precision),
-       " (also '32', '64', '16', 'bf16', and 'auto' for '32-true')");
+       detail::aliases_of(typename Axes::precisions{}, {{"32", "32-true"}, {"64", "64-true"}, {"16", "16-mixed"}, {"bf16", "bf16-mixed"}},
+                          "32-true"));
   if (!unknown.empty()) throw MisconfigurationError("fulgur::dispatch: " + unknown);
 
   std::conditional_t<std::is_void_v<Result>, bool, std::optional<Result>> result{};

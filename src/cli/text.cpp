@@ -199,11 +199,15 @@ std::string help_text(const Schema& root, const CommandLine& command, const std:
     for (std::size_t i = 0; i < subcommands.size(); ++i) out << (i ? "," : "") << subcommands[i];
     out << "} [--config FILE] [--KEY=VALUE ...] [--print_config]\n";
     if (!description.empty()) out << "\n" << description << "\n";
-    out << "\nsubcommands (each takes --help):\n"
-        << "  fit       train, validating as the trainer settings say (--ckpt_path continues a run)\n"
-        << "  validate  one pass over the validation data\n"
-        << "  test      one pass over the test data\n"
-        << "  predict   the predictions over the predict data\n";
+    out << "\nsubcommands (each takes --help):\n";
+    const std::vector<std::pair<std::string, std::string>> all{
+        {"fit", "train, validating as the trainer settings say (--ckpt_path continues a run)"},
+        {"validate", "one pass over the validation data"},
+        {"test", "one pass over the test data"},
+        {"predict", "the predictions over the predict data"}};
+    for (const auto& [name, what] : all)
+      if (std::find(subcommands.begin(), subcommands.end(), name) != subcommands.end())
+        out << "  " << name << std::string(10 - name.size(), ' ') << what << "\n";
     return out.str();
   }
   out << "usage: " << command.program << " " << command.subcommand

@@ -380,3 +380,28 @@ TEST_CASE("cli: what the new-user probe found", "[cli]") {
   CHECK_FALSE(cli::parse_command_line({"prog", "fit", "--print_config=false"}, {"fit"}).print_config);
   CHECK(cli::parse_command_line({"prog", "fit", "--print_config=true"}, {"fit"}).print_config);
 }
+
+TEST_CASE("cli: a list slot that takes true/false takes null as its default (Lightning's logger: null)", "[cli]") {
+  cli::Schema logger;
+  logger.name = "logger";
+  logger.kind = cli::Schema::Kind::class_list;
+  logger.takes_bool = true;
+  logger.default_value = YAML::Load("[{class_path: TensorBoardLogger, init_args: {}}]");
+  logger.choices.push_back({.name = "TensorBoardLogger", .aliases = {}, .doc = "", .init_args = {}});
+  logger.choices.push_back({.name = "CSVLogger", .aliases = {}, .doc = "", .init_args = {}});
+  const cli::Schema root = cli::group("", "", {cli::group("trainer", "", {logger})});
+  auto loggers_after = [&](std::vector<cli::Source> sources) {
+    cli::Config config(root);
+    for (const auto& s : sources) config.apply(s);
+    REQUIRE(config.problems().empty());
+    std::string names;
+    for (const auto& e : config.tree()["trainer"]["logger"]) names += e["class_path"].Scalar() + " ";
+    return names;
+  };
+  CHECK(loggers_after({}) == "TensorBoardLogger ");
+  CHECK(loggers_after({set("trainer.logger", "CSVLogger"), set("trainer.logger", "null")}) == "TensorBoardLogger ");
+  CHECK(loggers_after({set("trainer.logger", "false")}).empty());
+  CHECK(loggers_after({set("trainer.logger", "[]")}).empty());
+  CHECK(loggers_after({set("trainer.logger", "CSVLogger"), {cli::Source::Kind::append, "trainer.logger", "TensorBoardLogger"}}) ==
+        "CSVLogger TensorBoardLogger ");
+}

@@ -544,7 +544,7 @@ TEST_CASE("dispatch: the sharded strategies, 'auto' on each axis, and errors tha
   const auto not_compiled = test::message_of<MisconfigurationError>([&] { dispatch("cpu", "fsdp", "32-true", name_of); });
   CHECK(not_compiled ==
         "fulgur::dispatch: strategy 'fsdp' is not among the combinations this program compiled; the strategy names it "
-        "takes are 'single_device', 'ddp' (also 'deepspeed_stage_3' for 'fsdp', and 'auto'). Add its policy to the "
+        "takes are 'single_device', 'ddp' (also 'auto'). Add its policy to the "
         "Trainer types given to dispatch (the sharded strategies are fulgur::shipped_sharded_strategies).");
   // A misspelt name: that axis and its names only, not every combination.
   const auto misspelt = test::message_of<MisconfigurationError>([&] { dispatch("cpu", "fdsp", "32-true", name_of); });
@@ -558,6 +558,14 @@ TEST_CASE("dispatch: the sharded strategies, 'auto' on each axis, and errors tha
   CHECK_THAT(precision, Catch::StartsWith("fulgur::dispatch: precision 'fp8' is unknown; the precision names it takes "
                                           "are '32-true', '64-true', '16-mixed', 'bf16-mixed', '16-true', 'bf16-true'"));
   CHECK_THAT(precision, !Catch::Contains("strategy '"));
+  // Only the aliases of what the program compiled (the probe found '64' offered by a program without 64-true).
+  constexpr auto two_precisions = compatible_trainers(boost::hana::tuple_t<CPUAccelerator>,
+                                                      boost::hana::tuple_t<SingleDeviceStrategy>,
+                                                      boost::hana::tuple_t<FloatPrecision, BF16MixedPrecision>);
+  CHECK(test::message_of<MisconfigurationError>([&] { dispatch("cpu", "single_device", "64", name_of, two_precisions); }) ==
+        "fulgur::dispatch: precision '64' ('64-true') is not among the combinations this program compiled; the "
+        "precision names it takes are '32-true', 'bf16-mixed' (also '32' for '32-true', 'bf16' for 'bf16-mixed', and "
+        "'auto' for '32-true'). Add its policy to the Trainer types given to dispatch.");
   // 'auto', as Lightning's connector: the accelerator by availability, the strategy by process count,
   // the precision '32-true'.
   const std::string best = CUDAAccelerator::is_available() ? "cuda" : "cpu";

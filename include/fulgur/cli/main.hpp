@@ -21,6 +21,8 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fulgur/cli/program.hpp"
@@ -45,6 +47,14 @@ inline std::optional<std::uint64_t> settle_seed(Config& config) {
     return seed;
   }
   return static_cast<std::uint64_t>(*as_integer(node));
+}
+
+/// A Trainer's message in the config's terms: TrainerConfig::max_epochs is trainer.max_epochs, std::nullopt null.
+inline std::string as_config_keys(std::string text) {
+  for (const auto& [from, to] : {std::pair<std::string_view, std::string_view>{"TrainerConfig::", "trainer."},
+                                 {"std::nullopt", "null"}})
+    for (std::size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, from.size(), to);
+  return text;
 }
 
 /// The variable through which the workers fulgur's launcher starts (by running this program again) get
@@ -95,6 +105,37 @@ inline void apply_links(Config& config, const YAML::Node& before, const std::vec
     config.set(target, value);
   }
   if (!problems.empty()) throw ConfigError(problems);
+}
+
+/// The subcommands the module and data can run, and for the others what they lack.
+template <class Module, class Data>
+std::pair<std::vector<std::string>, std::vector<std::pair<std::string, std::string>>> available_subcommands() {
+  using Impl = std::remove_cvref_t<decltype(fulgur::detail::referent(std::declval<Module&>()))>;
+  using Source = std::conditional_t<std::is_same_v<Data, NoData>, Impl, Data>;
+  const std::string owner = std::is_same_v<Data, NoData> ? "the module" : "the data module";
+  std::vector<std::string> available{"fit"};
+  std::vector<std::pair<std::string, std::string>> lacking;
+  auto note = [&](const char* name, bool has_loader, bool has_step, const char* loader, const char* step) {
+    if (has_loader && has_step) available.push_back(name);
+    else if (!has_loader) lacking.emplace_back(name, owner + " has no " + loader + "()");
+    else lacking.emplace_back(name, std::string("the module has no ") + step + " for its batches");
+  };
+  constexpr bool val = requires(Source& s) { s.val_dataloader(); };
+  constexpr bool test = requires(Source& s) { s.test_dataloader(); };
+  constexpr bool predict = requires(Source& s) { s.predict_dataloader(); };
+  note("validate", val, [] {
+    if constexpr (val) return has_validation_step<Impl, loops::batch_of_t<decltype(std::declval<Source&>().val_dataloader())>>;
+    else return false;
+  }(), "val_dataloader", "validation_step");
+  note("test", test, [] {
+    if constexpr (test) return has_test_step<Impl, loops::batch_of_t<decltype(std::declval<Source&>().test_dataloader())>>;
+    else return false;
+  }(), "test_dataloader", "test_step");
+  note("predict", predict, [] {
+    if constexpr (predict) return has_predict_step<Impl, loops::batch_of_t<decltype(std::declval<Source&>().predict_dataloader())>>;
+    else return false;
+  }(), "predict_dataloader", "predict_step");
+  return {available, lacking};
 }
 
 template <class Item>
@@ -229,8 +270,14 @@ Outcome run_with(const CommandLine& command, const YAML::Node& tree, TrainerConf
   return std::apply(
       [&](auto&... vector) {
         std::optional<ResolvedConfigForWorkers> for_workers(std::in_place, outcome.resolved_config);
-        Trainer trainer(std::move(trainer_config), std::move(options), std::move(save), std::move(vector)...);
+        std::optional<Trainer> built;
+        try {
+          built.emplace(std::move(trainer_config), std::move(options), std::move(save), std::move(vector)...);
+        } catch (const MisconfigurationError& e) {
+          throw ConfigError({"the Trainer refuses this config: " + as_config_keys(e.what())});
+        }
         for_workers.reset();
+        Trainer& trainer = *built;
         outcome.combination = trainer.combination_name();
         return run_subcommand<Module, Data>(trainer, command, tree, std::move(outcome));
       },
@@ -246,10 +293,19 @@ Outcome run(const std::vector<std::string>& args, Trainers trainers = shipped_tr
             const Settings& settings = {}) {
   static const std::vector<std::string> subcommands{"fit", "validate", "test", "predict"};
   const CommandLine command = parse_command_line(args, subcommands);
+  const auto [available, lacking] = detail::available_subcommands<Module, Data>();
+  if (!command.subcommand.empty())
+    for (const auto& [name, why] : lacking)
+      if (name == command.subcommand)
+        throw ConfigError({"this program has no `" + name + "`: " + why + ". It runs " + [&] {
+                             std::string list;
+                             for (const auto& a : available) list += (list.empty() ? "" : ", ") + a;
+                             return list;
+                           }() + "."});
   const Schema root = detail::root_schema<Module, Data>(trainers, classes);
   Outcome outcome{.subcommand = command.subcommand};
   if (command.help) {
-    std::cout << help_text(root, command, subcommands, settings.description);
+    std::cout << help_text(root, command, available, settings.description);
     return outcome;
   }
   Config config(root);

@@ -127,7 +127,9 @@ Schema root_schema(Trainers, class_list<C...>) {
   using Axes = fulgur::detail::axes_of<typename fulgur::detail::types_of<Trainers>::type>;
   std::vector<Schema> trainer;
   trainer.push_back(value_key("accelerator", "str", YAML::Node("auto"),
-                              "compiled: auto, " + names_list(typename Axes::accelerators{}) + " (also gpu)", any_scalar));
+                              "compiled: " + names_list(typename Axes::accelerators{}) +
+                                  fulgur::detail::aliases_of(typename Axes::accelerators{}, {{"gpu", "cuda"}}),
+                              any_scalar));
   Schema strategy;
   strategy.name = "strategy";
   strategy.kind = Schema::Kind::class_one;
@@ -141,7 +143,11 @@ Schema root_schema(Trainers, class_list<C...>) {
   strategy.default_value["init_args"] = YAML::Node(YAML::NodeType::Map);
   trainer.push_back(std::move(strategy));
   trainer.push_back(value_key("precision", "str", YAML::Node("32-true"),
-                              "compiled: " + names_list(typename Axes::precisions{}) + " (also 32, 16, bf16, 64)",
+                              "compiled: " + names_list(typename Axes::precisions{}) +
+                                  fulgur::detail::aliases_of(typename Axes::precisions{},
+                                                             {{"32", "32-true"}, {"64", "64-true"}, {"16", "16-mixed"},
+                                                              {"bf16", "bf16-mixed"}},
+                                                             "32-true"),
                               any_scalar));
   for (Schema& key : schema_of<TrainerConfig>()) trainer.push_back(std::move(key));
   Schema callbacks, loggers;
