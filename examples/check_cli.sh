@@ -43,7 +43,12 @@ expect_error "YAML syntax" "broken.yaml:4:1: YAML syntax error" fit --config "$s
 expect_error "missing file" "cannot read the file (no such file)" fit --config "$scratch/none.yaml"
 expect_error "strategy not compiled" "'ddp' is not a class this program compiled for it; it takes auto, single_device" \
   fit --trainer.strategy=ddp
-expect_error "unknown precision" "precision 'fp8' is unknown" fit --trainer.precision=fp8
+expect_error "unknown precision" "--trainer.precision=fp8: trainer.precision: expected one of this program's '32-true'" \
+  fit --trainer.precision=fp8
+# --help shows the defaults the program and the files given set, not only the fields' own.
+help_with_file="$("$program" fit --config "$config" --help)"
+[[ "$help_with_file" == *"--trainer.max_epochs  int | null (default: 40)"* ]] ||
+  fail "fit --config FILE --help does not show the file's max_epochs"
 expect_error "unknown callback" "'EarlyStoping' is not a class this program compiled for it" fit --trainer.callbacks+=EarlyStoping
 expect_error "unknown init_arg" "(EarlyStopping): unknown key 'patiense'; did you mean patience?" \
   fit --trainer.callbacks+=EarlyStopping --trainer.callbacks.patiense=3
@@ -53,9 +58,10 @@ expect_error "no arguments" "give a subcommand: fit, validate, test, predict"
 expect_error "every problem at once" "2 problems" fit --model.lr=fast --data.batch_sise=3
 expect_error "a config the Trainer refuses" "accumulate_grad_batches" fit --trainer.accumulate_grad_batches=0
 # The environment is read only when asked.
-FULGUR_TRAINER__MAX_EPOCHS=9 "$program" fit --print_config | grep -q "^  max_epochs: null$" || fail "read the environment unasked"
-FULGUR_TRAINER__MAX_EPOCHS=9 "$program" fit --env_prefix FULGUR --print_config | grep -q "^  max_epochs: 9$" ||
-  fail "--env_prefix FULGUR did not read FULGUR_TRAINER__MAX_EPOCHS"
+unasked="$(FULGUR_TRAINER__MAX_EPOCHS=9 "$program" fit --print_config)"
+grep -q "^  max_epochs: null$" <<<"$unasked" || fail "read the environment unasked"
+asked="$(FULGUR_TRAINER__MAX_EPOCHS=9 "$program" fit --env_prefix FULGUR --print_config)"
+grep -q "^  max_epochs: 9$" <<<"$asked" || fail "--env_prefix FULGUR did not read FULGUR_TRAINER__MAX_EPOCHS"
 
 [[ $failed == 0 ]] && echo "digits cli: help, round trips and errors as documented"
 exit $failed

@@ -330,6 +330,7 @@ void Config::apply_node(YAML::Node parent, const std::string& key, const Schema&
       const bool list = schema.kind == Schema::Kind::class_list;
       // One entry given as a name or {class_path, init_args}, merged onto `current` when it is the same class.
       auto entry_of = [&](const YAML::Node& spec, YAML::Node current, const std::string& at) -> std::optional<YAML::Node> {
+        const std::string where = from_file ? where_in_file(where_base, spec) : where_base;  // this item's line
         std::string name;
         bool has_args = false;
         std::vector<std::pair<YAML::Node, YAML::Node>> args_given;  // key and value nodes, with their file marks
@@ -414,8 +415,9 @@ void Config::apply_node(YAML::Node parent, const std::string& key, const Schema&
           return;
         }
       if (given.IsSequence()) {
+        const std::size_t first = items.size();
         for (std::size_t i = 0; i < given.size(); ++i)
-          if (auto entry = entry_of(given[i], YAML::Node(), path + "[" + std::to_string(items.size()) + "]"))
+          if (auto entry = entry_of(given[i], YAML::Node(), path + "[" + std::to_string(first + i) + "]"))
             items.push_back(*entry);
       } else if (auto entry = entry_of(given, YAML::Node(), path + "[" + std::to_string(items.size()) + "]")) {
         items.push_back(*entry);

@@ -125,16 +125,20 @@ void flatten_into(Hyperparameters& out, const YAML::Node& node, const std::strin
   }
 }
 
-std::string default_text(const Schema& s) {
+/// The value a key takes if the command line leaves it: `current` (the program's defaults and the
+/// files given so far) when there is one, else the field's own default.
+std::string default_text(const Schema& s, const YAML::Node& current = YAML::Node()) {
+  const YAML::Node value = current.IsDefined() && !current.IsNull() ? current : s.default_value;
   if (s.kind == Schema::Kind::class_list) {
-    if (!s.default_value.IsSequence() || s.default_value.size() == 0) return "[]";
+    if (!value.IsSequence() || value.size() == 0) return "[]";
     std::string names;
-    for (const auto& e : s.default_value) names += (names.empty() ? "" : ", ") + e["class_path"].Scalar();
+    for (const auto& e : value) names += (names.empty() ? "" : ", ") + e["class_path"].Scalar();
     return "[" + names + "]";
   }
-  if (s.kind == Schema::Kind::class_one) return s.default_value["class_path"].Scalar();
-  if (s.default_value.IsSequence() || s.default_value.IsMap()) return flow(s.default_value);
-  return scalar_text(s.default_value);
+  if (s.kind == Schema::Kind::class_one) return value.IsMap() ? value["class_path"].Scalar() : scalar_text(value);
+  if (current.IsDefined() && current.IsNull()) return "null";
+  if (value.IsSequence() || value.IsMap()) return flow(value);
+  return scalar_text(value);
 }
 
 void wrap(std::ostringstream& out, const std::string& text, std::size_t indent) {
@@ -154,16 +158,18 @@ void wrap(std::ostringstream& out, const std::string& text, std::size_t indent) 
   out << "\n";
 }
 
-void help_for(std::ostringstream& out, const Schema& s, const std::string& key, std::size_t indent) {
+void help_for(std::ostringstream& out, const Schema& s, const std::string& key, std::size_t indent,
+              const YAML::Node& current) {
   if (s.kind == Schema::Kind::group) {
-    for (const auto& c : s.children) help_for(out, c, key + "." + c.name, indent);
+    for (const auto& c : s.children)
+      help_for(out, c, key + "." + c.name, indent, current.IsMap() ? current[c.name] : YAML::Node());
     return;
   }
   std::string type = s.type;
   if (s.kind == Schema::Kind::class_one) type = "NAME or {class_path, init_args}";
   if (s.kind == Schema::Kind::class_list)
     type = std::string("list of {class_path, init_args}") + (s.takes_bool ? " | bool" : "");
-  out << std::string(indent, ' ') << "--" << key << "  " << type << " (default: " << default_text(s) << ")\n";
+  out << std::string(indent, ' ') << "--" << key << "  " << type << " (default: " << default_text(s, current) << ")\n";
   if (!s.doc.empty()) wrap(out, s.doc, indent + 6);
   for (const auto& choice : s.choices) {
     std::string args;
@@ -192,7 +198,7 @@ Hyperparameters flatten(const YAML::Node& tree) {
 }
 
 std::string help_text(const Schema& root, const CommandLine& command, const std::vector<std::string>& subcommands,
-                      std::string_view description) {
+                      std::string_view description, const YAML::Node& resolved) {
   std::ostringstream out;
   if (command.subcommand.empty()) {
     out << "usage: " << command.program << " {";
@@ -223,12 +229,13 @@ std::string help_text(const Schema& root, const CommandLine& command, const std:
     if (section.kind == Schema::Kind::group) {
       out << "\n" << section.name << ":" << (section.doc.empty() ? "" : " " + section.doc) << "\n";
       if (section.children.empty()) out << "  (no keys)\n";
-      for (const auto& c : section.children) help_for(out, c, section.name + "." + c.name, 2);
+      for (const auto& c : section.children)
+        help_for(out, c, section.name + "." + c.name, 2, resolved[section.name].IsMap() ? resolved[section.name][c.name] : YAML::Node());
     }
   }
   out << "\nother:\n";
   for (const auto& section : root.children)
-    if (section.kind != Schema::Kind::group) help_for(out, section, section.name, 2);
+    if (section.kind != Schema::Kind::group) help_for(out, section, section.name, 2, resolved[section.name]);
   return out.str();
 }
 

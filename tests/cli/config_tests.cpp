@@ -405,3 +405,10 @@ TEST_CASE("cli: a list slot that takes true/false takes null as its default (Lig
   CHECK(loggers_after({set("trainer.logger", "CSVLogger"), {cli::Source::Kind::append, "trainer.logger", "TensorBoardLogger"}}) ==
         "CSVLogger TensorBoardLogger ");
 }
+
+TEST_CASE("cli: a bad item of a list in a file is named by its own index and line", "[cli]") {
+  const auto file = write_file("items.yaml", "trainer:\n  callbacks:\n  - EarlyStopping\n  - Timr\n");
+  CHECK(problem_of({{cli::Source::Kind::file, "", file}}) ==
+        file + ":4:5: trainer.callbacks[1]: 'Timr' is not a class this program compiled for it; it takes "
+               "EarlyStopping, LearningRateMonitor");
+}

@@ -304,8 +304,11 @@ Outcome run(const std::vector<std::string>& args, Trainers trainers = shipped_tr
                            }() + "."});
   const Schema root = detail::root_schema<Module, Data>(trainers, classes);
   Outcome outcome{.subcommand = command.subcommand};
-  if (command.help) {
-    std::cout << help_text(root, command, available, settings.description);
+  if (command.help) {  // with the defaults this program and the files given would give
+    Config shown(root);
+    if (!settings.defaults.empty()) shown.apply({Source::Kind::text, command.program + "'s defaults", settings.defaults});
+    for (const auto& source : command.sources) shown.apply(source);
+    std::cout << help_text(root, command, available, settings.description, shown.tree());
     return outcome;
   }
   Config config(root);

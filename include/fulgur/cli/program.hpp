@@ -2,7 +2,9 @@
 // What a fulgur::cli program is made of: its module's and data module's config types, its Settings,
 // the schema of everything its command line accepts (seed_everything, trainer, model, data, ckpt_path)
 // built from the compiled Trainer types and classes, and the callbacks a resolved config names.
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -112,9 +114,25 @@ inline Schema value_key(std::string name, std::string type, YAML::Node default_v
   return s;
 }
 
-inline std::optional<std::string> any_scalar(const YAML::Node& node) {
-  if (node.IsScalar() && !is_null(node)) return std::nullopt;
-  return "a name";
+/// A check that the value is one of `names` (the compiled policies' names, their aliases and 'auto').
+inline ValueCheck one_of(std::vector<std::string> names) {
+  return [names = std::move(names)](const YAML::Node& node) -> std::optional<std::string> {
+    if (node.IsScalar() && !is_null(node) && std::find(names.begin(), names.end(), node.Scalar()) != names.end())
+      return std::nullopt;
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "'" : ", '") + n + "'";
+    return "one of this program's " + list;
+  };
+}
+
+template <class... X>
+std::vector<std::string> names_with_aliases(fulgur::detail::type_list<X...> axis,
+                                            std::initializer_list<std::pair<std::string_view, std::string_view>> aliases) {
+  std::vector<std::string> names{std::string(X::name)...};
+  for (const auto& [alias, target] : aliases)
+    if (fulgur::detail::has_name(axis, target)) names.emplace_back(alias);
+  names.emplace_back("auto");
+  return names;
 }
 
 template <class C>
@@ -129,7 +147,7 @@ Schema root_schema(Trainers, class_list<C...>) {
   trainer.push_back(value_key("accelerator", "str", YAML::Node("auto"),
                               "compiled: " + names_list(typename Axes::accelerators{}) +
                                   fulgur::detail::aliases_of(typename Axes::accelerators{}, {{"gpu", "cuda"}}),
-                              any_scalar));
+                              one_of(names_with_aliases(typename Axes::accelerators{}, {{"gpu", "cuda"}}))));
   Schema strategy;
   strategy.name = "strategy";
   strategy.kind = Schema::Kind::class_one;
@@ -148,7 +166,9 @@ Schema root_schema(Trainers, class_list<C...>) {
                                                              {{"32", "32-true"}, {"64", "64-true"}, {"16", "16-mixed"},
                                                               {"bf16", "bf16-mixed"}},
                                                              "32-true"),
-                              any_scalar));
+                              one_of(names_with_aliases(typename Axes::precisions{},
+                                                        {{"32", "32-true"}, {"64", "64-true"}, {"16", "16-mixed"},
+                                                         {"bf16", "bf16-mixed"}}))));
   for (Schema& key : schema_of<TrainerConfig>()) trainer.push_back(std::move(key));
   Schema callbacks, loggers;
   callbacks.name = "callbacks";

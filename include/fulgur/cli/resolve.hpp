@@ -76,9 +76,11 @@ YAML::Node defaults_of(const Schema& schema);
 /// The resolved config as YAML text: block style, keys in schema order, strings quoted where a reader
 /// would take them for something else. Feeding it back with --config gives the same config.
 std::string to_yaml_text(const YAML::Node& tree);
-/// `prog SUBCOMMAND --help`: every key with its type, default and doc, grouped as the schema is.
+/// `prog SUBCOMMAND --help`: every key with its type, default and doc, grouped as the schema is. The
+/// defaults shown are `resolved`'s where it has the key (the program's own defaults and the --config
+/// files given), else the fields'.
 std::string help_text(const Schema& root, const CommandLine& command, const std::vector<std::string>& subcommands,
-                      std::string_view description);
+                      std::string_view description, const YAML::Node& resolved = YAML::Node());
 /// The keys the loggers record: dotted names, each value a number, flag or text (lists as flow YAML).
 Hyperparameters flatten(const YAML::Node& tree);
 /// The candidate closest to `given` by edit distance, if close enough to be a likely typo; else "".
