@@ -6,22 +6,24 @@
 #   scripts/demo.sh gpt [fit options]      a byte-level GPT on Python's documentation text (docs/gpt-example.md)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$root/scripts/setup.sh"
+# Set-up, build and data preparation talk on stderr: stdout is the program's own (`scripts/demo.sh fit
+# --print_config > run.yaml` writes the config and nothing else).
+bash "$root/scripts/setup.sh" >&2
 build="${FULGUR_BUILD_DIR:-$root/build}"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 if [[ "${1:-}" == gpt ]]; then
   shift
-  cmake --build "$build" --target gpt
-  "$root/.venv/bin/python" "$root/scripts/gpt_corpus.py" "$build/data/gpt/corpus.txt"
-  "$build/examples/gpt" prepare "$build/data/gpt/corpus.txt" --out "$build/data/gpt"
+  cmake --build "$build" --target gpt >&2
+  "$root/.venv/bin/python" "$root/scripts/gpt_corpus.py" "$build/data/gpt/corpus.txt" >&2
+  "$build/examples/gpt" prepare "$build/data/gpt/corpus.txt" --out "$build/data/gpt" >&2
   cd "$build"  # checkpoints and logs go to $build/gpt_run
   # 1500 steps of 32 x 128 tokens; exits 1 above the stated validation loss (docs/gpt-example.md).
   # Arguments pass through: `scripts/demo.sh gpt --trainer.precision=32-true --model.width=192`.
   "$build/examples/gpt" fit --data.dir=data/gpt --goal 1.30 "$@"
   exit
 fi
-cmake --build "$build" --target digits_classifier
-"$root/.venv/bin/python" "$root/scripts/export_digits.py" "$build/data/digits.csv"
+cmake --build "$build" --target digits_classifier >&2
+"$root/.venv/bin/python" "$root/scripts/export_digits.py" "$build/data/digits.csv" >&2
 cd "$build"  # the run's logs go to $build/logs/lightning_logs/version_N, its checkpoints to $build/logs/checkpoints
 digits=("$build/examples/digits_classifier")
 config=(--config "$root/examples/digits.yaml" --data.path="$build/data/digits.csv")
