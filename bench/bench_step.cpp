@@ -230,6 +230,41 @@ void BM_loader(benchmark::State& state) {
   state.counters["ratio"] = median(ratios);
 }
 
+/// fit with a SimpleProfiler timing every action against the same fit without one, 32-true
+/// (ratio = profiled / plain, goal <= 1.02: Lightning's action timings cost two clock reads each).
+void BM_profiled(benchmark::State& state) {
+  using Plain = fulgur::Trainer<fulgur::CPUAccelerator, fulgur::SingleDeviceStrategy, fulgur::FloatPrecision>;
+  using Profiled = Plain::with_callbacks<fulgur::SimpleProfiler>;
+  auto batches = make_batches();
+  Plain plain({.max_epochs = 1, .enable_progress_bar = false});
+  Profiled profiled({.max_epochs = 1, .enable_progress_bar = false}, fulgur::SimpleProfiler({.print = false}));
+  std::vector<double> plain_us, profiled_us, ratios;
+  bool profiled_first = false;
+  using clock = std::chrono::steady_clock;
+  for (auto _ : state) {
+    Mlp a, b;
+    double t_plain = 0, t_profiled = 0;
+    auto time = [&](auto& trainer, Mlp& model, double& out) {
+      const auto t0 = clock::now();
+      trainer.fit(model, batches);
+      out = std::chrono::duration<double, std::micro>(clock::now() - t0).count() / kSteps;
+    };
+    if (profiled_first) { time(profiled, a, t_profiled); time(plain, b, t_plain); }
+    else { time(plain, a, t_plain); time(profiled, b, t_profiled); }
+    profiled_first = !profiled_first;
+    plain_us.push_back(t_plain);
+    profiled_us.push_back(t_profiled);
+    ratios.push_back(t_profiled / t_plain);
+    state.SetIterationTime(t_profiled * 1e-6 * kSteps);
+  }
+  state.counters["plain_us"] = median(plain_us);
+  state.counters["profiled_us"] = median(profiled_us);
+  state.counters["ratio"] = median(ratios);
+  std::size_t actions = 0;
+  for (const auto& row : profiled.callback<fulgur::SimpleProfiler>().rows()) actions += row.calls > 0;
+  state.counters["actions"] = static_cast<double>(actions);
+}
+
 }  // namespace
 
 // The matrix: every compatible CPU single-device combination, from the shipped policy lists.
@@ -251,6 +286,7 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond)
         ->MinTime(3.0);
   });
+  benchmark::RegisterBenchmark("BM_profiled/32-true", BM_profiled)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(3.0);
   benchmark::RegisterBenchmark("BM_loader/32-true", BM_loader)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(3.0);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

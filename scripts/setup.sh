@@ -12,8 +12,9 @@ NUMPY_VERSION=2.3.5
 TENSORBOARD_VERSION=2.21.0  # the logger tests read fulgur's event files with its reader
 MATPLOTLIB_VERSION=3.11.2   # bench/compare/compare.py's plots
 JSONARGPARSE_VERSION=4.53.0  # LightningCLI's parser: the fulgur::cli parity test reads configs with it
+MLFLOW_VERSION=3.17.2       # the MLFlowLogger tests run `mlflow server` and read runs back with MlflowClient
 
-debs=(libboost-dev libyaml-cpp-dev catch2 libbenchmark-dev ccache python3-venv ninja-build iproute2 procps clang-16)
+debs=(libboost-dev libyaml-cpp-dev libcurl4-openssl-dev catch2 libbenchmark-dev ccache python3-venv ninja-build iproute2 procps clang-16)
 # scripts/check.sh adds what its gates need beyond the test suite (clang-tidy-16).
 read -r -a extra_debs <<< "${FULGUR_EXTRA_DEBS:-}"
 debs+=(${extra_debs[@]+"${extra_debs[@]}"})
@@ -28,7 +29,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-stamp="$venv/.fulgur-setup-$TORCH_VERSION-$LIGHTNING_VERSION-$SKLEARN_VERSION-$TENSORBOARD_VERSION-$MATPLOTLIB_VERSION-$JSONARGPARSE_VERSION"
+stamp="$venv/.fulgur-setup-$TORCH_VERSION-$LIGHTNING_VERSION-$SKLEARN_VERSION-$TENSORBOARD_VERSION-$MATPLOTLIB_VERSION-$JSONARGPARSE_VERSION-$MLFLOW_VERSION"
 if [ ! -f "$stamp" ]; then
   py="${FULGUR_PYTHON:-python3}"
   [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
@@ -47,7 +48,7 @@ if [ ! -f "$stamp" ]; then
   "$venv/bin/python" -m pip install -q --no-cache-dir "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" \
       "scikit-learn==$SKLEARN_VERSION" "lightning==$LIGHTNING_VERSION" \
       "tensorboard==$TENSORBOARD_VERSION" "matplotlib==$MATPLOTLIB_VERSION" \
-      "jsonargparse[signatures]==$JSONARGPARSE_VERSION"
+      "jsonargparse[signatures]==$JSONARGPARSE_VERSION" "mlflow==$MLFLOW_VERSION"
   touch "$stamp"
 fi
 echo "[setup] ok: $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)')"

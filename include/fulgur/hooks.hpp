@@ -13,13 +13,16 @@
 // The loops call every hook through here, and callbacks will too: one place decides the order.
 #include <cstdint>
 #include <exception>
+#include <string>
 #include <string_view>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 #include "fulgur/concepts/callback.hpp"
 #include "fulgur/concepts/requirements.hpp"
 #include "fulgur/metrics.hpp"
+#include "fulgur/profilers/profiler.hpp"
 #include "fulgur/stage.hpp"
 #include "fulgur/step_context.hpp"
 
@@ -210,6 +213,7 @@ enum class CallbackGroup { all, non_monitoring, monitoring };
 
 /// A Trainer without callbacks.
 struct NoCallbacks {
+  static constexpr bool has_profiler = false;
   template <class Hook, class Module, class... Args>
   static constexpr bool reached_by = false;
   template <CallbackGroup, class Hook, class Module, class... Args>
@@ -220,11 +224,28 @@ struct NoCallbacks {
   void call_guarded(Hook, TrainerView&, Module&, Failed&&, Args&...) {}
 };
 
+/// The steps: a profiler times them as the strategy's ("[Strategy]DDPStrategy.training_step"), as
+/// Lightning does, not as the module's.
+template <class Hook>
+inline constexpr bool is_step_hook = std::is_same_v<Hook, training_step_t> || std::is_same_v<Hook, validation_step_t> ||
+                                     std::is_same_v<Hook, test_step_t> || std::is_same_v<Hook, predict_step_t>;
+
+/// "[LightningModule]<Module>.<hook>": a module's hook as a profiler names it.
+template <class Module, class Hook>
+Action module_hook_action() {
+  static const Action action("[LightningModule]" + profiling::class_name(typeid(Module)) + "." + std::string(Hook::name));
+  return action;
+}
+
 /// Calls hooks: sets the logging scope, then calls the callbacks' hook (if the hook reaches
-/// callbacks) and the module's (if it defines it), in Lightning's order.
+/// callbacks) and the module's (if it defines it), in Lightning's order. With a profiler among the
+/// callbacks, each call is timed under Lightning's action name.
 template <class Module, class Callbacks = NoCallbacks>
 class HookCaller {
  public:
+  using module_type = Module;
+  static constexpr bool profiled = Callbacks::has_profiler;
+
   HookCaller(Module& module, StepContext& ctx) requires std::is_same_v<Callbacks, NoCallbacks>
       : module_(module), ctx_(ctx) {}
   HookCaller(Module& module, StepContext& ctx, Callbacks& callbacks, TrainerView& view)
@@ -291,6 +312,23 @@ class HookCaller {
     else
       fallback();
   }
+  /// The same for a hook Lightning always calls (its default is a LightningModule method): a profiler
+  /// times the fallback under the hook's name too (on_validation_model_eval, ..._zero_grad).
+  template <class Hook, class Fallback>
+  void call_or_default(Hook hook, Fallback&& fallback) {
+    if constexpr (Hook::template defined_for<Module>) {
+      (*this)(hook);
+    } else {
+      auto timed = profile([] { return module_hook_action<Module, Hook>(); });
+      fallback();
+    }
+  }
+  /// Times `make_action()` for the returned scope's life (nothing without a profiler).
+  template <class MakeAction>
+  auto profile(MakeAction&& make_action) {
+    if constexpr (profiled) return callbacks_->profile(make_action);
+    else return profiling::NoScope{};
+  }
 
   Module& module() { return module_; }
   StepContext& ctx() { return ctx_; }
@@ -310,7 +348,12 @@ class HookCaller {
   decltype(auto) call_module(Hook, Args&&... args) {
     if constexpr (Hook::template defined_for<Module, std::remove_reference_t<Args>...>) {
       ctx_.enter(Hook::name, Hook::log_scope);
-      return Hook::call(module_, ctx_, std::forward<Args>(args)...);
+      if constexpr (profiled && !is_step_hook<Hook>) {
+        auto timed = profile([] { return module_hook_action<Module, Hook>(); });
+        return Hook::call(module_, ctx_, std::forward<Args>(args)...);
+      } else {
+        return Hook::call(module_, ctx_, std::forward<Args>(args)...);
+      }
     } else if constexpr (Hook::template named_in<Module>) {
       return Hook::call(module_, ctx_, std::forward<Args>(args)...);  // a member of that name: its signature error
     } else {

@@ -413,6 +413,32 @@ void callbacks() {
   if (my_rank == 0) fulgur::detail::remove_tree(root);
 }
 
+// A SimpleProfiler under DDP: each rank times its own run and writes its own report, named by rank.
+void profiled_fit() {
+  const std::string root = "/tmp/fulgur_ddp_profiler";
+  Trainer<CPUAccelerator, Gloo, FloatPrecision, SimpleProfiler> trainer(
+      config({.max_epochs = 1, .default_root_dir = root}), options(), SimpleProfiler({.filename = "perf"}));
+  my_rank = trainer.global_rank();
+  if (my_rank == 0) fulgur::detail::remove_tree(root);
+  trainer.barrier("clean");
+  auto [x, y] = dataset(64);
+  Net model;
+  data::TensorLoader train(x, y, {.batch_size = 8});
+  trainer.fit(model, train);
+  trainer.barrier("written");
+  const std::string mine = root + "/fit-perf-" + std::to_string(my_rank) + ".txt";
+  check(trainer.callback<SimpleProfiler>().report_path() == mine, "each rank writes its own report: " + mine);
+  std::ifstream in(mine);
+  const std::string report((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  check(report.find("[Strategy]DDPStrategy.backward") != std::string::npos, "the report names DDP's backward");
+  std::int64_t batches = 0;
+  for (const auto& row : trainer.callback<SimpleProfiler>().rows())
+    if (row.action == "run_training_batch") batches = row.calls;
+  check(batches == 4, "each rank ran its half of the 8 batches: " + std::to_string(batches));
+  trainer.barrier("checked");
+  if (my_rank == 0) fulgur::detail::remove_tree(root);
+}
+
 // Several validation loaders under DDP: each is sharded as one loader would be, and each loader's
 // loss is the mean over every rank's part — the mean over the whole loader.
 struct TwoLoadersNetImpl : NetImpl {
@@ -583,6 +609,7 @@ int main(int argc, char** argv) {
                        else if (scenario == "nonfinite") nonfinite();
                        else if (scenario == "callbacks") callbacks();
                        else if (scenario == "several_loaders") several_loaders();
+                       else if (scenario == "profiler") profiled_fit();
                        else if (scenario == "stop_on_one_rank") stop_on_one_rank();
                        else if (scenario == "two_nodes") two_nodes();
                        else if (scenario == "preempt" && argc > 3) preempt(argv[2], argv[3]);

@@ -501,3 +501,61 @@ TEST_CASE("an NCCL DDP fit that fails in training_step reports it, and a new gro
   test::Classifier model;
   CHECK(again.fit(model, loader).global_step == 4);
 }
+
+namespace {
+struct StatsRecorder {
+  std::vector<std::pair<std::int64_t, Metrics>> calls;
+  void log_metrics(const Metrics& metrics, std::int64_t step) { calls.emplace_back(step, metrics); }
+};
+}  // namespace
+
+TEST_CASE("DeviceStatsMonitor on CUDA: torch.cuda.memory_stats' names, the allocator's bytes; ThroughputMonitor's MFU",
+          "[cuda][monitors]") {
+  const at::Tensor big = torch::empty({64 << 20}, at::TensorOptions(at::kCUDA).dtype(at::kByte));  // 64 MiB
+  const Metrics stats = cuda_memory_stats(0);
+  for (const char* name : {"allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
+                           "reserved_bytes.all.peak", "active_bytes.large_pool.peak", "num_alloc_retries", "num_ooms",
+                           "inactive_split_bytes.all.current", "requested_bytes.small_pool.freed"})
+    CHECK(stats.count(name) == 1);
+  CHECK(stats.at("allocated_bytes.all.current") >= double(64 << 20));
+  CHECK(stats.at("reserved_bytes.all.current") >= stats.at("allocated_bytes.all.current"));
+  CHECK(stats.at("allocated_bytes.all.peak") >= stats.at("allocated_bytes.all.current"));
+  CHECK(stats.at("num_ooms") == 0.0);
+
+  torch::manual_seed(1);
+  test::Classifier model(8, 32, 3, /*use_sgd=*/true);
+  auto [x, y] = test::classification_data(64);
+  Trainer<CUDAAccelerator, SingleDeviceStrategy, BF16MixedPrecision, DeviceStatsMonitor, ThroughputMonitor, StatsRecorder>
+      trainer(test::quiet({.max_epochs = 1, .log_every_n_steps = 1}), DeviceStatsMonitor({.cpu_stats = true}),
+              ThroughputMonitor({.flops_per_batch = 1'000'000, .window_size = 2}), StatsRecorder());
+  trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 16}));
+  const Metrics& last = trainer.callback<DeviceStatsMonitor>().last_values();
+  CHECK(last.at("DeviceStatsMonitor.on_train_batch_end/allocated_bytes.all.current") > 0.0);
+  CHECK(last.count("DeviceStatsMonitor.on_train_batch_end/cpu_rss_bytes") == 1);  // cpu_stats = true
+  // The table knows the H100 and H200 SXM parts (Lightning's: an "NVIDIA H200" name has no entry): MFU there.
+  const auto peak = available_flops(c10::Device(c10::kCUDA, 0), c10::kBFloat16);
+  const Metrics& rates = trainer.callback<ThroughputMonitor>().last_metrics("train");
+  CHECK(rates.count("train/device/flops_per_sec") == 1);
+  CHECK(rates.count("train/device/mfu") == (peak ? 1u : 0u));
+}
+
+TEST_CASE("TorchProfiler on CUDA: the trace holds the kernels under fulgur's ranges; NVTX ranges do not disturb it",
+          "[cuda][profilers]") {
+  const std::string dir = test::temporary_directory("cuda_torch_profiler");
+  torch::manual_seed(1);
+  test::Classifier model(8, 32, 3, /*use_sgd=*/true);
+  auto [x, y] = test::classification_data(128);
+  Trainer<CUDAAccelerator, SingleDeviceStrategy, BF16MixedPrecision, TorchProfiler> trainer(
+      test::quiet({.max_epochs = 1, .default_root_dir = dir}),
+      TorchProfiler({.filename = "cuda", .schedule = {.wait = 1, .warmup = 1, .active = 2}, .emit_nvtx = true}));
+  trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 16}));
+  const TorchProfiler& profiler = trainer.callback<TorchProfiler>();
+  REQUIRE(profiler.trace_files().size() == 1);
+  std::int64_t kernel_ns = 0;
+  for (const auto& row : profiler.operators()) kernel_ns += row.self_device_ns;
+  CHECK(kernel_ns > 0);  // Kineto saw the kernels (CUPTI)
+  const std::string command = std::string(FULGUR_TEST_PYTHON) + " " + FULGUR_SOURCE_DIR +
+                              "/tests/profilers/check_trace.py " + profiler.trace_files()[0] +
+                              " run_training_batch=2 --kernels";
+  CHECK(std::system(command.c_str()) == 0);
+}

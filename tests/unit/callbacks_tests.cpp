@@ -240,7 +240,7 @@ TEST_CASE("LambdaCallback and AnyCallback: hooks chosen at run time", "[callback
 
 TEST_CASE("a ten-line callback of your own logs the gradient norm each step (docs/callbacks.md)", "[callbacks][extending]") {
   Scripted model;
-  CbTrainer<GradNormMonitor> trainer(test::quiet({.max_epochs = 1, .log_every_n_steps = 1}));
+  CbTrainer<::GradNormMonitor> trainer(test::quiet({.max_epochs = 1, .log_every_n_steps = 1}));
   const auto result = trainer.fit(model, loader(8));
   REQUIRE(result.metrics.count("grad_norm") == 1);
   CHECK(result.metrics.at("grad_norm") > 0.0);

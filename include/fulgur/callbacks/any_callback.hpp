@@ -8,6 +8,7 @@
 //   fulgur::Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, std::vector<fulgur::AnyCallback>>
 //       trainer(config, std::move(plugins));
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <typeinfo>
 #include <utility>
@@ -21,7 +22,8 @@ class AnyCallback : public LambdaCallback {
  public:
   template <class C>
     requires(!std::is_same_v<std::remove_cvref_t<C>, AnyCallback>)
-  explicit AnyCallback(C plugin) : held_(std::make_shared<C>(std::move(plugin))), type_(&typeid(C)) {
+  explicit AnyCallback(C plugin)
+      : held_(std::make_shared<C>(std::move(plugin))), type_(&typeid(C)), name_(&held_name<C>) {
     static_assert(callback<C>, "fulgur: AnyCallback holds a callback: a type defining at least one hook (docs/callbacks.md).");
     auto held = std::static_pointer_cast<C>(held_);
 #define FULGUR_DETAIL_ERASE(name, ...)                                                                   \
@@ -37,6 +39,9 @@ class AnyCallback : public LambdaCallback {
 #undef FULGUR_DETAIL_ERASE
   }
 
+  /// What a profiler calls the held callback: its state key, or its class name (Lightning's).
+  std::string profiler_name() const { return name_(held_.get()); }
+
   /// The held callback, if it is a C (e.g. to read its state after fit); null otherwise.
   template <class C>
   C* target() const {
@@ -44,8 +49,15 @@ class AnyCallback : public LambdaCallback {
   }
 
  private:
+  template <class C>
+  static std::string held_name(const void* held) {
+    if constexpr (requires(const C& c) { c.state_key(); }) return std::string(static_cast<const C*>(held)->state_key());
+    else return profiling::class_name(typeid(C));
+  }
+
   std::shared_ptr<void> held_;
   const std::type_info* type_;
+  std::string (*name_)(const void*);
 };
 
 }  // namespace fulgur

@@ -22,6 +22,7 @@
 #include "fulgur/hooks.hpp"
 #include "fulgur/loggers/hyperparameters.hpp"
 #include "fulgur/loggers/log_directory.hpp"
+#include "fulgur/profilers/profiler.hpp"
 #include "fulgur/results.hpp"
 #include "fulgur/state_dict.hpp"
 
@@ -40,6 +41,15 @@ struct callback_element<std::vector<T, A>> {
 
 template <class C>
 concept adds_hyperparameters = requires(const C& c) { c.hyperparameters(); };
+
+/// The index of the first profiler among Ts (sizeof...(Ts) if none).
+template <class... Ts>
+constexpr std::size_t profiler_index() {
+  constexpr bool is[] = {fulgur::profiler<Ts>..., false};
+  std::size_t i = 0;
+  while (i < sizeof...(Ts) && !is[i]) ++i;
+  return i;
+}
 
 template <class... Ts>
 class CallbackSet {
@@ -62,6 +72,14 @@ class CallbackSet {
   /// Some callback adds hyper-parameters for the loggers (hyperparameters() const), e.g. fulgur::cli's
   /// resolved config.
   static constexpr bool provides_hyperparameters = (adds_hyperparameters<typename callback_element<Ts>::type> || ...);
+  /// The Trainer's profiler, if one of its arguments is one (at most one: Lightning's `profiler=`).
+  static constexpr std::size_t profiler_count = (std::size_t{0} + ... + std::size_t{fulgur::profiler<Ts>});
+  static_assert(profiler_count <= 1,
+                "fulgur: a Trainer takes one profiler (Lightning's `profiler=` argument); two of its arguments are "
+                "profilers. Keep one (SimpleProfiler or TorchProfiler).");
+  static_assert(!(fulgur::profiler<typename callback_element<Ts>::type> || ...) || (fulgur::profiler<Ts> || ...),
+                "fulgur: a profiler is given to the Trainer on its own, not in a std::vector.");
+  static constexpr bool has_profiler = profiler_count == 1;
 
   template <hooks::CallbackGroup group, class Hook, class Module, class... Args>
   void call(Hook hook, TrainerView& view, Module& module, Args&... args) {
@@ -88,6 +106,40 @@ class CallbackSet {
         }
       }(), ...);
     }, items_);
+  }
+
+  // ---- the profiler ---------------------------------------------------------------------------------
+  auto& profiler()
+    requires has_profiler
+  {
+    return std::get<profiler_index<Ts...>()>(items_);
+  }
+  /// A stage starts (after the loggers are set up: a profiler without a dirpath writes in their log_dir).
+  void set_up_profiler(const ProfilerSetup& setup) {
+    if constexpr (has_profiler) {
+      profiling::start_run_generation();  // callbacks' action names are made afresh for this run
+      if constexpr (requires { profiler().set_up(setup); }) profiler().set_up(setup);
+    }
+  }
+  /// The stage ended: the profiler reports.
+  void describe_profiler() {
+    if constexpr (has_profiler)
+      if constexpr (requires { profiler().describe(); }) profiler().describe();
+  }
+  /// Times `action` for the returned scope's life (nothing without a profiler).
+  template <class MakeAction>
+  auto profile(MakeAction&& make_action) {
+    if constexpr (has_profiler) return profiling::Scope(profiler(), make_action());
+    else return profiling::NoScope{};
+  }
+
+  /// Appends what callbacks and loggers reported on their own while the run went on (take_warnings():
+  /// e.g. a tracking server that stopped answering), for FitResult::warnings; already printed by them.
+  void collect_warnings(std::vector<std::string>& into) {
+    for_each_item([&](auto& item) {
+      if constexpr (requires { item.take_warnings(); })
+        for (std::string& warning : item.take_warnings()) into.push_back(std::move(warning));
+    });
   }
 
   // ---- loggers ----------------------------------------------------------------------------------
@@ -154,8 +206,15 @@ class CallbackSet {
       if constexpr (requires { logger.log_hyperparams(hparams); }) logger.log_hyperparams(hparams);
     });
   }
-  /// "success", "failed" or "interrupted": the loggers write what they hold and close.
+  /// "success", "failed" or "interrupted": the loggers write what they hold and close. First, a logger
+  /// with after_save_checkpoint(callback) learns of each checkpoint callback's kept files (Lightning
+  /// calls it after each save; MLFlowLogger's log_model uploads them, the best one marked).
   void finalize_loggers(std::string_view status) {
+    for_each_item([&](const auto& item) {
+      for_each_logger([&](auto& logger) {
+        if constexpr (requires { logger.after_save_checkpoint(item); }) logger.after_save_checkpoint(item);
+      });
+    });
     for_each_logger([&](auto& logger) {
       if constexpr (requires { logger.finalize(status); }) logger.finalize(status);
     });
@@ -265,7 +324,7 @@ class CallbackSet {
   }
 
   template <hooks::CallbackGroup group, class C, class Hook, class Module, class... Args>
-  static void call_one(C& item, Hook hook, TrainerView& view, Module& module, Args&... args) {
+  void call_one(C& item, Hook hook, TrainerView& view, Module& module, Args&... args) {
     using Element = typename callback_element<C>::type;
     if constexpr (Hook::template callback_named<Element> || Hook::template callback_defines<Element, Module, Args...>) {
       constexpr bool monitoring = monitoring_callback<Element>();
@@ -273,24 +332,73 @@ class CallbackSet {
                     (group == hooks::CallbackGroup::non_monitoring && monitoring)) {
         return;
       } else if constexpr (is_vector<C>::value) {
-        for (auto& element : item) Hook::call_callback(element, view, module, args...);
+        for (auto& element : item) {
+          auto timed = profile_callback<Hook>(element);
+          Hook::call_callback(element, view, module, args...);
+        }
       } else {
+        auto timed = profile_callback<Hook>(item);
         Hook::call_callback(item, view, module, args...);
       }
     }
     (void)hook;
   }
   template <class C, class Hook, class Module, class... Args>
-  static void call_one_with_idx(C& item, Hook hook, TrainerView& view, Module& module, std::int64_t& dataloader_idx,
-                                Args&... args) {
+  void call_one_with_idx(C& item, Hook hook, TrainerView& view, Module& module, std::int64_t& dataloader_idx,
+                         Args&... args) {
     using Element = typename callback_element<C>::type;
     if constexpr (Hook::template callback_defines<Element, Module, Args..., std::int64_t>) {
-      if constexpr (is_vector<C>::value)
-        for (auto& element : item) Hook::call_callback(element, view, module, args..., dataloader_idx);
-      else
+      if constexpr (is_vector<C>::value) {
+        for (auto& element : item) {
+          auto timed = profile_callback<Hook>(element);
+          Hook::call_callback(element, view, module, args..., dataloader_idx);
+        }
+      } else {
+        auto timed = profile_callback<Hook>(item);
         Hook::call_callback(item, view, module, args..., dataloader_idx);
+      }
     } else {
       call_one<hooks::CallbackGroup::all>(item, hook, view, module, args...);
+    }
+  }
+  /// A callback's hook timed as "[Callback]<state key>.<hook>" (Lightning's name; the class name for a
+  /// callback without a state key); the profiler's own hooks are not timed, nor those of a callback whose
+  /// `profiled()` says it is switched off (the default ProgressBar under enable_progress_bar = false,
+  /// which Lightning would not have made).
+  template <class Hook, class C>
+  auto profile_callback(const C& item) {
+    if constexpr (has_profiler && !fulgur::profiler<C>) {
+      if constexpr (requires { item.profiled(); }) {
+        const bool on = item.profiled();
+        return profiling::Scope(on ? &profiler() : nullptr, on ? callback_action<Hook>(item) : Action{});
+      } else {
+        return profiling::Scope(&profiler(), callback_action<Hook>(item));
+      }
+    } else {
+      return profiling::NoScope{};
+    }
+  }
+  template <class Hook, class C>
+  static Action callback_action(const C& item) {
+    if constexpr (requires { item.profiler_name(); } || requires { item.state_key(); }) {
+      // Named per instance (a state key holds the callback's settings), once per run and instance.
+      struct Named {
+        const C* item;
+        std::uint64_t run;
+        Action action;
+      };
+      static thread_local std::vector<Named> named;
+      const std::uint64_t run = profiling::run_generation();
+      for (const Named& n : named)
+        if (n.item == &item && n.run == run) return n.action;
+      std::erase_if(named, [&](const Named& n) { return n.item == &item || n.run != run; });
+      std::string key;
+      if constexpr (requires { item.profiler_name(); }) key = item.profiler_name();
+      else key = item.state_key();
+      return named.emplace_back(Named{&item, run, Action("[Callback]" + key + "." + std::string(Hook::name))}).action;
+    } else {
+      static const Action action("[Callback]" + profiling::class_name(typeid(C)) + "." + std::string(Hook::name));
+      return action;
     }
   }
   template <class F>

@@ -60,6 +60,8 @@ class ProgressBar {
 
   /// Whether it draws (global rank 0, enable_progress_bar); set up by the Trainer.
   bool active() const { return active_; }
+  /// A profiler times its hooks only when it draws.
+  bool profiled() const { return active_; }
 
  private:
   using clock = std::chrono::steady_clock;

@@ -108,6 +108,9 @@ class TrainerView {
   void log_metrics(const Metrics& metrics, std::int64_t step) {
     if (has_loggers()) host_->log_metrics(metrics, step);
   }
+  /// The Trainer's policies, "<accelerator>/<strategy>/<precision>" in their names ("cpu/single_device/bf16-mixed");
+  /// empty for a view of no trainer.
+  std::string combination_name() const { return host_ != nullptr ? host_->combination_name() : std::string(); }
   /// The first logger's directory (default_root_dir without loggers).
   std::string log_dir() const { return has_loggers() ? host_->log_dir() : config_->default_root_dir; }
 

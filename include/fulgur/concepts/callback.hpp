@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fulgur/concepts/requirements.hpp"
+#include "fulgur/profilers/profiler.hpp"
 
 // Every hook fulgur calls on callbacks, in no particular order (docs/callbacks.md gives each
 // signature and when it runs).
@@ -27,6 +28,9 @@
   X(on_save_checkpoint) X(on_load_checkpoint)
 
 namespace fulgur {
+
+class LearningRateMonitor;  // callbacks/learning_rate_monitor.hpp
+class DeviceStatsMonitor;   // callbacks/device_stats_monitor.hpp
 namespace detail {
 
 // A callback is found by the names of its members (concepts/requirements.hpp: FULGUR_DETAIL_MEMBER_PROBE).
@@ -54,10 +58,11 @@ template <class T>
 concept logger = detail::has_member_log_metrics<T>();
 
 /// A callback: defines at least one of the hooks fulgur calls on callbacks (a final class is
-/// accepted as it is). A std::vector of callbacks (e.g. of AnyCallback) is one too.
+/// accepted as it is). A std::vector of callbacks (e.g. of AnyCallback) is one too, and so is a
+/// profiler (fulgur/profilers/profiler.hpp), which the Trainer takes among its callbacks.
 template <class T>
 concept callback = std::is_class_v<T> &&
-                   (std::is_final_v<T> || detail::names_a_callback_hook<T>() || logger<T> ||
+                   (std::is_final_v<T> || detail::names_a_callback_hook<T>() || logger<T> || profiler<T> ||
                     (detail::is_vector<T>::value && requires { typename detail::is_vector<T>::element; }));
 
 /// One error for a Trainer argument that is neither a callback nor a logger (true otherwise).
@@ -114,10 +119,19 @@ struct element_of<std::vector<T, A>> {  // a std::vector of callbacks: its eleme
 template <class... Callbacks>
 constexpr bool assert_loggers_for() {
   constexpr bool has_loggers = (logger<typename detail::element_of<Callbacks>::type> || ...);
-  static_assert(has_loggers || !(needs_logger<typename detail::element_of<Callbacks>::type>() || ...),
+  constexpr bool needs = (needs_logger<typename detail::element_of<Callbacks>::type>() || ...);
+  // Lightning's text for its two callbacks that need one; one error, naming the callback in question.
+  constexpr bool lr = (std::is_same_v<typename detail::element_of<Callbacks>::type, LearningRateMonitor> || ...);
+  constexpr bool stats = (std::is_same_v<typename detail::element_of<Callbacks>::type, DeviceStatsMonitor> || ...);
+  static_assert(has_loggers || !lr,
                 "Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger. (fulgur: add a logger "
-                "to the Trainer's arguments, e.g. fulgur::CSVLogger or fulgur::TensorBoardLogger; the same holds "
-                "for any callback that declares `static constexpr bool needs_logger = true;`.)");
+                "to the Trainer's arguments, e.g. fulgur::CSVLogger or fulgur::TensorBoardLogger.)");
+  static_assert(has_loggers || lr || !stats,
+                "Cannot use `DeviceStatsMonitor` callback with `Trainer` that has no logger. (fulgur: add a logger "
+                "to the Trainer's arguments, e.g. fulgur::CSVLogger or fulgur::TensorBoardLogger.)");
+  static_assert(has_loggers || lr || stats || !needs,
+                "fulgur: a callback that declares `static constexpr bool needs_logger = true;` is given to a Trainer "
+                "that has no logger: add one to the Trainer's arguments, e.g. fulgur::CSVLogger.");
   return true;
 }
 

@@ -42,6 +42,57 @@ struct NoData {};
 template <class Host, class Module>
 using HookCallerOf = hooks::HookCaller<Module, callbacks_of<Host>>;
 
+// ---- profiling points (nothing is compiled in without a profiler) ---------------------------------
+
+/// The strategy a host runs (for the profiler's "[Strategy]<name>.<verb>" actions).
+template <class Host>
+struct strategy_of {
+  using type = Host;
+};
+template <class Host>
+  requires requires { typename Host::strategy_type; }
+struct strategy_of<Host> {
+  using type = typename Host::strategy_type;
+};
+
+/// Times a loop action of a fixed name ("run_training_batch") for the returned scope's life.
+template <profiling::fixed_string Name, class Hooks>
+auto profile(Hooks& hook) {
+  return hook.profile([] { return profiling::named<Name>(); });
+}
+/// "[Strategy]<Strategy>.<Verb>".
+template <profiling::fixed_string Verb, class Host, class Hooks>
+auto profile_strategy(Hooks& hook) {
+  return hook.profile([] { return profiling::strategy_action<typename strategy_of<Host>::type, Verb>(); });
+}
+/// "[Strategy]<Strategy>.<step>" for a step hook (Lightning times the steps as the strategy's).
+template <class Host, class Step, class Hooks>
+auto profile_step(Hooks& hook) {
+  return hook.profile([] { return profiling::strategy_hook_action<typename strategy_of<Host>::type, Step>(); });
+}
+/// `body(raw)` for each batch of `loader` while it returns true, each fetch timed as `next()` names it
+/// (Lightning's "[_EvaluationLoop].val_next", one call per batch): a range-for, with the fetch timed.
+template <class Loader, class Hooks, class MakeAction, class Body>
+void for_each_batch(Loader& loader, Hooks& hook, MakeAction next, Body&& body) {
+  auto it = std::begin(loader);
+  const auto end = std::end(loader);
+  for (bool first = true;; first = false) {
+    if (!first) ++it;
+    if (!(it != end)) return;
+    auto fetching = hook.profile(next);  // the batch is made (or waited for) on dereference
+    auto&& raw = *it;
+    fetching.end();
+    if (!body(raw)) return;
+  }
+}
+
+/// "[LightningModule]<Module>.<Name>": what Lightning runs as a module hook with a default
+/// (optimizer_step, optimizer_zero_grad, configure_gradient_clipping, configure_optimizers).
+template <profiling::fixed_string Name, class Hooks>
+auto profile_module(Hooks& hook) {
+  return hook.profile([] { return profiling::module_action<typename Hooks::module_type, Name>(); });
+}
+
 template <class Data>
 using batch_of_t = std::remove_cvref_t<decltype(*std::begin(std::declval<Data&>()))>;
 
@@ -167,6 +218,7 @@ auto prepare_batch(Host& host, HookCallerOf<Host, Module>& hook, const Batch& ra
       else
         return (raw);
     }();
+    auto timed = profile_strategy<"batch_to_device", Host>(hook);  // the transfer hooks inside, as Lightning's
     auto moved = [&] {
       if constexpr (hooks::defines<Module, hooks::transfer_batch_to_device_t, const Batch, const c10::Device,
                                    const std::int64_t>)
@@ -176,6 +228,7 @@ auto prepare_batch(Host& host, HookCallerOf<Host, Module>& hook, const Batch& ra
     }();
     if constexpr (hooks::defines<Module, hooks::on_after_batch_transfer_t, decltype(moved), const std::int64_t>)
       moved = decltype(moved)(hook(hooks::on_after_batch_transfer, moved, dataloader_idx));
+    timed.end();
     return host.convert_batch(moved);
   } catch (const c10::Error& e) {
     raise_batch_transfer(step, ctx, host.device(), e, detail::describe_batch(raw));
@@ -198,6 +251,11 @@ void shut_down_hooks(HookCaller& hook, Callbacks& callbacks, const std::exceptio
     report("a logger's finalize")(thrown);
   }
   if (teardown) hook.call_guarded(hooks::teardown, report("teardown"), *teardown);
+  try {
+    callbacks.describe_profiler();  // where the time went up to the failure
+  } catch (const std::exception& thrown) {
+    report("the profiler's report")(thrown);
+  }
 }
 
 /// The set-up every stage starts with, in Lightning's order: prepare_data (on each node's local
@@ -205,7 +263,13 @@ void shut_down_hooks(HookCaller& hook, Callbacks& callbacks, const std::exceptio
 /// what it creates lands on the device in the precision's dtype).
 template <class Host, class Module>
 void run_setup_hooks(Host& host, HookCallerOf<Host, Module>& hook, Stage stage) {
-  host_access::services(host).callbacks().set_up_loggers({host.config().default_root_dir, host.global_rank()});
+  auto& callbacks = host_access::services(host).callbacks();
+  callbacks.set_up_loggers({host.config().default_root_dir, host.global_rank()});
+  if constexpr (callbacks_of<Host>::has_profiler) {
+    const std::string log_dir = callbacks.first_log_dir();
+    callbacks.set_up_profiler({stage, host.global_rank(), host.local_rank(), host.world_size(),
+                               log_dir.empty() ? host.config().default_root_dir : log_dir});
+  }
   if constexpr (hooks::defines<Module, hooks::prepare_data_t>) {
     if (host.local_rank() == 0) hook(hooks::prepare_data);
     host.barrier("prepare_data");
@@ -242,6 +306,7 @@ auto run_evaluation_stage(Host& host, Module& module, Data& data, Stage stage, R
     auto result = run(hook, loader, views);
     hook(hooks::teardown, stage);
     services.callbacks().finalize_loggers("success");
+    services.callbacks().describe_profiler();
     return result;
   } catch (const std::exception& e) {
     shut_down_hooks(hook, services.callbacks(), e, "failed", std::nullopt,

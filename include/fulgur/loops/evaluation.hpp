@@ -47,6 +47,7 @@ struct Validation {
   static constexpr const char* limit_name = "limit_val_batches";
   static constexpr std::string_view loss_name = "val_loss";
   static constexpr std::string_view what = "validation";
+  static Action next() { return profiling::named<"[_EvaluationLoop].val_next">(); }
   static constexpr auto step = hooks::validation_step;
   static constexpr auto model_eval = hooks::on_validation_model_eval;
   static constexpr auto model_train = hooks::on_validation_model_train;
@@ -69,6 +70,7 @@ struct Test {
   static constexpr const char* limit_name = "limit_test_batches";
   static constexpr std::string_view loss_name = "test_loss";
   static constexpr std::string_view what = "test";
+  static Action next() { return profiling::named<"[_EvaluationLoop].test_next">(); }
   static constexpr auto step = hooks::test_step;
   static constexpr auto model_eval = hooks::on_test_model_eval;
   static constexpr auto model_train = hooks::on_test_model_train;
@@ -118,7 +120,7 @@ class EvaluationLoop {
     losses_.assign(caps.size(), LossSum{});
     if (seen_batches_.size() < caps.size()) seen_batches_.resize(caps.size(), 0);
     ModuleModes modes(hook_.module());
-    hook_.call_or(Kind::model_eval, [&] { hook_.module().eval(); });
+    hook_.call_or_default(Kind::model_eval, [&] { hook_.module().eval(); });
     hook_(Kind::start);
     hook_(Kind::epoch_start);
     std::int64_t batches = 0;
@@ -199,10 +201,10 @@ class EvaluationLoop {
   std::int64_t run_batches(Loader& loader, std::int64_t max_batches, std::int64_t dataloader_idx) {
     std::int64_t batch_idx = 0;
     if (max_batches == 0) return 0;
-    for (auto&& raw : loader) {
+    for_each_batch(loader, hook_, &Kind::next, [&](const auto& raw) {
       run_batch(raw, batch_idx++, dataloader_idx);
-      if (max_batches >= 0 && batch_idx >= max_batches) break;
-    }
+      return !(max_batches >= 0 && batch_idx >= max_batches);
+    });
     return batch_idx;
   }
 

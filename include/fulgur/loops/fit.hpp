@@ -107,16 +107,17 @@ class FitLoop final : private detail::LoopLink, public FitState {
         hook_(hooks::on_train_start);
         run_epochs();
         stop_if_finished_run_interrupted();  // a Ctrl-C in the last validation is not lost
-        host_.end_training();  // Lightning's Strategy.on_train_end, before the hooks of that name
+        end_training();  // Lightning's Strategy.on_train_end, before the hooks of that name
         hook_(hooks::on_train_end);
       } else {
         if (max_batches_ == 0 && progress_.stop_reason.empty())
           progress_.stop_reason = "no training batches (limit_train_batches=0)";  // Lightning: "No training batches."
-        host_.end_training();
+        end_training();
       }
       hook_(hooks::on_fit_end);
       hook_(hooks::teardown, Stage::fit);
       callbacks().finalize_loggers("success");
+      callbacks().describe_profiler();
     } catch (const Preempted& e) {
       end_preempted(e);
     } catch (const Interrupted& e) {
@@ -131,6 +132,10 @@ class FitLoop final : private detail::LoopLink, public FitState {
 
  private:
   auto& callbacks() { return host_access::services(host_).callbacks(); }
+  void end_training() {
+    auto timed = profile_strategy<"on_train_end", Host>(hook_);
+    host_.end_training();
+  }
 
   // ---- detail::LoopLink: what FitState and StepContext ask of this loop ----------------------------
   std::optional<c10::impl::GenericDict> module_hyperparameters() override {
@@ -188,7 +193,10 @@ class FitLoop final : private detail::LoopLink, public FitState {
     run_setup_hooks(host_, hook_, Stage::fit);
     if (module.parameters().empty()) raise_no_parameters(module.name());
     host_.setup_module(module);
-    optimizers_ = detail::to_optimizer_configs(module.configure_optimizers());
+    {
+      auto timed = profile_module<"configure_optimizers">(hook_);
+      optimizers_ = detail::to_optimizer_configs(module.configure_optimizers());
+    }
     check_optimizers(automatic);
     for (auto& config : optimizers_) {
       host_.setup_optimizers(*config.optimizer);
@@ -286,7 +294,9 @@ class FitLoop final : private detail::LoopLink, public FitState {
         restore_epoch_position();
         restore_random_state();
       }
+      auto running = profile<"run_training_epoch">(hook_);
       const bool completed = epoch_loop.run(summary, start, first_batch, !loader_restored_);
+      running.end();
       if (!completed && !frozen_loop_) frozen_loop_ = current_loop_state();  // cut short: resume inside this epoch
       finish_epoch(summary, completed);
       agree_on_stop();  // before done(): a stop asked for on one rank ends every rank's run here
@@ -320,6 +330,7 @@ class FitLoop final : private detail::LoopLink, public FitState {
 
   FitResult finish() {
     host_access::services(host_).record_fit_position({progress_.epochs_done, progress_.batches_that_stepped});
+    callbacks().collect_warnings(warnings_);  // what loggers reported on their own (a tracking server away)
     return FitState::finish();
   }
 

@@ -70,7 +70,10 @@ class LoopServices final : public detail::HostLink {
   std::string broadcast(const std::string& text) override { return host_.broadcast(text); }
   at::Tensor all_gather(const at::Tensor& tensor) override { return host_.all_gather(tensor.to(host_.device())); }
   std::string resolve_path(const std::string& path) override { return host_.resolve_path(path); }
-  void save(const std::string& path, const StateDict& state) override { host_.save(path, state); }
+  void save(const std::string& path, const StateDict& state) override {
+    auto timed = callbacks_.profile([] { return profiling::named<"save_checkpoint">(); });
+    host_.save(path, state);
+  }
   StateDict load(const std::string& path) override { return host_.load(path); }
   void remove_checkpoint(const std::string& path) override { host_.remove_checkpoint(path); }
   StateDict module_state(torch::nn::Module& module) override { return host_.module_state(module); }

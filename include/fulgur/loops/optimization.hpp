@@ -99,6 +99,7 @@ class AutomaticOptimization {
     outcome.loss = checked_loss(loss_of(outcome.output));
     if (first) {
       hook_(hooks::on_before_zero_grad, optimizer_);
+      auto timed = profile_module<"optimizer_zero_grad">(hook_);
       optimizer_.zero_grad();
     }
     const std::int64_t accumulate = config_.accumulate_grad_batches;
@@ -106,6 +107,7 @@ class AutomaticOptimization {
     hook_(hooks::on_before_backward, loss);
     try {
       auto local_only = host_.no_backward_sync(hook_.module(), !step_now);  // micro-batches: no communication
+      auto timed = profile_strategy<"backward", Host>(hook_);
       host_.backward(loss, hook_.module());
     } catch (const c10::Error& e) {
       throw step_failure("training_step", hook_.ctx(), Host::precision_name(), e, batch, hook_.module());
@@ -128,9 +130,12 @@ class AutomaticOptimization {
       ClipGradients clip{.error_if_nonfinite = false};
       (config_.gradient_clip_algorithm == GradientClipAlgorithm::norm ? clip.max_norm : clip.clip_val) =
           *config_.gradient_clip_val;
+      auto timed = profile_module<"configure_gradient_clipping">(hook_);
       host_.clip_gradients(hook_.module(), optimizer_, clip);
     }
+    auto timed = profile_module<"optimizer_step">(hook_);  // the step alone: the closure ran before it
     const bool ran = host_.optimizer_step(optimizer_);
+    timed.end();
     count_optimizer_step(progress_, ran, config_, hook_.ctx(), Host::precision_name());
     return ran;
   }
@@ -175,14 +180,18 @@ class ManualOptimization {
   // ---- what the training_step calls (StepContext -> the loop's ManualOptimizationLink -> here) -----
   void backward(const at::Tensor& loss) {
     hook_(hooks::on_before_backward, loss);
+    auto timed = profile_strategy<"backward", Host>(hook_);
     host_.backward(loss, hook_.module());
+    timed.end();
     hook_(hooks::on_after_backward);
   }
   bool step(std::size_t index) {
     torch::optim::Optimizer& optimizer = *optimizers_[index].optimizer;
     if (!host_.unscales_in_optimizer(optimizer)) host_.unscale_gradients(optimizer);
     hook_(hooks::on_before_optimizer_step, optimizer);
+    auto timed = profile<"optimizer_step">(hook_);  // Lightning's name under manual optimization
     const bool ran = host_.optimizer_step(optimizer);
+    timed.end();
     count_optimizer_step(progress_, ran, config_, hook_.ctx(), Host::precision_name());
     hook_.ctx().global_step = progress_.global_step;
     return ran;

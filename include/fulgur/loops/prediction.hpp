@@ -35,7 +35,7 @@ class PredictionLoop {
   auto run(std::int64_t max_batches) {
     c10::InferenceMode inference;
     ModuleModes modes(hook_.module());
-    hook_.call_or(hooks::on_predict_model_eval, [&] { hook_.module().eval(); });
+    hook_.call_or_default(hooks::on_predict_model_eval, [&] { hook_.module().eval(); });
     hook_(hooks::on_predict_start);
     hook_(hooks::on_predict_epoch_start);
     auto predictions = [&] {
@@ -68,10 +68,11 @@ class PredictionLoop {
     std::vector<Prediction> predictions;
     std::int64_t batch_idx = 0;
     if (max_batches != 0)
-      for (auto&& raw : loader) {
-        predictions.push_back(run_batch(raw, batch_idx++, dataloader_idx));
-        if (max_batches >= 0 && batch_idx >= max_batches) break;
-      }
+      for_each_batch(loader, hook_, [] { return profiling::named<"[_PredictionLoop].predict_next">(); },
+                     [&](const auto& raw) {
+                       predictions.push_back(run_batch(raw, batch_idx++, dataloader_idx));
+                       return !(max_batches >= 0 && batch_idx >= max_batches);
+                     });
     return predictions;
   }
 

@@ -15,6 +15,7 @@ template <class Host, class Module, class Step, class Batch>
 auto run_step(Host& host, HookCallerOf<Host, Module>& hook, Step step, const Batch& batch) {
   StepContext& ctx = hook.ctx();
   try {
+    auto timed = profile_step<Host, Step>(hook);
     auto precision_context = host.forward_context();
     if constexpr (std::is_void_v<decltype(hook(step, batch, ctx.batch_idx))>) {
       hook(step, batch, ctx.batch_idx);
@@ -32,6 +33,7 @@ template <class Host, class Module, class Step, class Batch>
 auto run_step(Host& host, HookCallerOf<Host, Module>& hook, Step step, const Batch& batch, std::int64_t dataloader_idx) {
   StepContext& ctx = hook.ctx();
   try {
+    auto timed = profile_step<Host, Step>(hook);
     auto precision_context = host.forward_context();
     if constexpr (std::is_void_v<decltype(hook(step, batch, ctx.batch_idx, dataloader_idx))>) {
       hook(step, batch, ctx.batch_idx, dataloader_idx);

@@ -87,6 +87,7 @@ class TrainingEpochLoop {
     }
     std::optional<batch_of_t<TrainData>> current;
     if (max_batches_ != 0 && it != end && (max_batches_ < 0 || first_batch < max_batches_)) {
+      auto fetching = profile<"[_TrainingEpochLoop].train_dataloader_next">(p_.hook);
       current.emplace(*it);
       ++it;
     }
@@ -97,6 +98,7 @@ class TrainingEpochLoop {
       const BatchEnd ended = run_batch(*current, batch_idx++, is_last);
       reached_end = ended == BatchEnd::end_of_epoch || (ended == BatchEnd::stop_run && is_last);
       if (ended != BatchEnd::go_on) break;
+      auto fetching = profile<"[_TrainingEpochLoop].train_dataloader_next">(p_.hook);
       current.emplace(*it);
       ++it;
     }
@@ -124,7 +126,9 @@ class TrainingEpochLoop {
     }
     const std::int64_t accumulate = config_.accumulate_grad_batches;
     const bool step_now = (batch_idx + 1) % accumulate == 0 || is_last;
+    auto running = profile<"run_training_batch">(p_.hook);
     auto outcome = p_.optimization.run(batch, step_now, batch_idx % accumulate == 0);
+    running.end();
     ctx.global_step = p_.progress.global_step;
     if (outcome.step_ran) p_.schedulers.after_step(batch_idx, p_.views.callback, /*plateau=*/false);
     if (is_last) step_epoch_schedulers();
@@ -264,7 +268,7 @@ class TrainingEpochLoop {
   void validate(bool stepped) {
     if constexpr (!std::is_same_v<ValLoop, NoData>) {
       if (stepped) {  // free the gradients before validating (Lightning's on_validation_model_zero_grad)
-        p_.hook.call_or(hooks::on_validation_model_zero_grad, [&] { p_.hook.module().zero_grad(/*set_to_none=*/true); });
+        p_.hook.call_or_default(hooks::on_validation_model_zero_grad, [&] { p_.hook.module().zero_grad(/*set_to_none=*/true); });
       }
       const EvaluationResult result = p_.validation->run(schedule_.batches, EvaluationMode::inside_fit);
       summary_->val_loss = result.loss;

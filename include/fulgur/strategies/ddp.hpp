@@ -55,6 +55,8 @@ class BasicDDPStrategy
 
  public:
   static constexpr std::string_view name = "ddp";
+  /// A profiler's "[Strategy]DDPStrategy..." actions (a class deriving from this one: its own name).
+  static constexpr std::string_view class_name = std::is_void_v<Derived> ? "DDPStrategy" : "";
   using options_type = DDPOptions;
   /// Compatibility rule: NCCL carries CUDA tensors only.
   static constexpr bool supports_accelerator(std::string_view accelerator) {

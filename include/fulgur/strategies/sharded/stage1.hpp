@@ -21,6 +21,7 @@ class ShardedStrategy<1, Backend>
 
  public:
   static constexpr std::string_view name = "deepspeed_stage_1";
+  static constexpr std::string_view class_name = "ShardedStrategy<1>";  ///< a profiler's "[Strategy]..." actions
   using options_type = DDPOptions;
   // Not explicit, as DDPStrategy's.
   ShardedStrategy(DDPOptions options = {}) : Base(options) {}

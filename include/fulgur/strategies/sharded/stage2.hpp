@@ -91,6 +91,7 @@ class ShardedStrategy<2, Backend>
 
  public:
   static constexpr std::string_view name = "deepspeed_stage_2";
+  static constexpr std::string_view class_name = "ShardedStrategy<2>";  ///< a profiler's "[Strategy]..." actions
   using options_type = DDPOptions;
   // Not explicit, as DDPStrategy's.
   ShardedStrategy(DDPOptions options = {}) : Base(options) {}

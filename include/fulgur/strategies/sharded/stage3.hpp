@@ -32,6 +32,7 @@ class ShardedStrategy<3, Backend>
 
  public:
   static constexpr std::string_view name = "fsdp";
+  static constexpr std::string_view class_name = "ShardedStrategy<3>";  ///< a profiler's "[Strategy]..." actions
   using options_type = FSDPOptions;
   // Not explicit, as DDPStrategy's.
   ShardedStrategy(FSDPOptions options = {}) : Base(static_cast<DDPOptions>(options)), options_(std::move(options)) {}
