@@ -509,7 +509,7 @@ struct StatsRecorder {
 };
 }  // namespace
 
-TEST_CASE("DeviceStatsMonitor on CUDA: torch.cuda.memory_stats' names, the allocator's bytes; ThroughputMonitor's MFU",
+TEST_CASE("DeviceStatsMonitor on CUDA: torch.cuda.memory_stats' names, the allocator's bytes, ThroughputMonitor's MFU",
           "[cuda][monitors]") {
   const at::Tensor big = torch::empty({64 << 20}, at::TensorOptions(at::kCUDA).dtype(at::kByte));  // 64 MiB
   const Metrics stats = cuda_memory_stats(0);
@@ -539,7 +539,7 @@ TEST_CASE("DeviceStatsMonitor on CUDA: torch.cuda.memory_stats' names, the alloc
   CHECK(rates.count("train/device/mfu") == (peak ? 1u : 0u));
 }
 
-TEST_CASE("TorchProfiler on CUDA: the trace holds the kernels under fulgur's ranges; NVTX ranges do not disturb it",
+TEST_CASE("TorchProfiler on CUDA: the trace holds the kernels under fulgur's ranges, NVTX ranges do not disturb it",
           "[cuda][profilers]") {
   const std::string dir = test::temporary_directory("cuda_torch_profiler");
   torch::manual_seed(1);

@@ -153,7 +153,7 @@ TEST_CASE("ThroughputMonitor logs what Lightning's logs, at the same steps, on t
                                                              Catch::EndsWith("got 1"));
 }
 
-TEST_CASE("ThroughputMonitor: MFU from a given peak; without FLOPs a warning", "[monitors][throughput]") {
+TEST_CASE("ThroughputMonitor: MFU from a given peak, and without FLOPs a warning", "[monitors][throughput]") {
   Counted model;
   test::CpuTrainer<FloatPrecision, ThroughputMonitor, Recorder> trainer(
       test::quiet({.max_epochs = 1, .log_every_n_steps = 1}),
@@ -216,7 +216,7 @@ double vm_rss_bytes() {
 }
 }  // namespace
 
-TEST_CASE("DeviceStatsMonitor: Lightning's names and hooks; the CPU statistics are plausible", "[monitors][device_stats]") {
+TEST_CASE("DeviceStatsMonitor: Lightning's names and hooks, and the CPU statistics are plausible", "[monitors][device_stats]") {
   Counted model;
   test::CpuTrainer<FloatPrecision, DeviceStatsMonitor, Recorder> trainer(
       test::quiet({.max_epochs = 1, .num_sanity_val_steps = 0, .log_every_n_steps = 2}), DeviceStatsMonitor(), Recorder());

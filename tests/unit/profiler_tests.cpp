@@ -147,8 +147,8 @@ TEST_CASE("SimpleProfiler times Lightning's actions with Lightning's names and c
   CHECK(trainer.callback<SimpleProfiler>().report_path() == dir + "/fit-perf.txt");
 }
 
-TEST_CASE("SimpleProfiler: validate, test and predict report under their stage; a logger's log_dir is the default "
-          "folder; DDP names the rank",
+TEST_CASE("SimpleProfiler: validate, test and predict report under their stage, a logger's log_dir is the default "
+          "folder, DDP names the rank",
           "[profilers]") {
   const std::string dir = test::temporary_directory("profiler_stages");
   struct Scored : NetImpl {
@@ -204,7 +204,7 @@ TEST_CASE("SimpleProfiler: a folder it cannot write is an error before training"
   CHECK(model.steps == 0);
 }
 
-TEST_CASE("SimpleProfiler: an action that throws is still timed; nested starts time the outermost", "[profilers]") {
+TEST_CASE("SimpleProfiler: an action that throws is still timed, nested starts time the outermost", "[profilers]") {
   SimpleProfiler profiler;
   const Action action("a test action");
   CHECK_THROWS([&] {
@@ -270,7 +270,7 @@ TEST_CASE("TorchProfiler records the steps its schedule selects into a Chrome tr
   CHECK(profiler.trace_files()[1] == dir + "/fit-trace.1.pt.trace.json");
 }
 
-TEST_CASE("TorchProfiler: a schedule that records nothing is refused; a stage too short for it says so",
+TEST_CASE("TorchProfiler: a schedule that records nothing is refused, a stage too short for it says so",
           "[profilers]") {
   CHECK_THROWS_WITH(TorchProfiler({.schedule = {.active = 0}}), Catch::Contains("records no step (active = 0)"));
   CHECK_THROWS_WITH(TorchProfiler({.schedule = {.wait = -1}}), Catch::Contains("negative"));
