@@ -231,8 +231,10 @@ const Searches& searches() {
   return built;
 }
 
-TEST_CASE("lr_find: the schedule is Lightning's _ExponentialLR and _LinearLR, on every parameter group", "[lr_finder]") {
+// One test case, so that ctest (a process per case) starts Python once for the three comparisons.
+TEST_CASE("lr_find agrees with Lightning's code: schedule, smoothing and early stop, suggestion", "[lr_finder]") {
   const Searches& s = searches();
+  SECTION("the schedule is Lightning's _ExponentialLR and _LinearLR, on every parameter group") {
   for (std::size_t i = 0; i < std::size(Searches::schedules); ++i) {
     const LRFindOptions& o = Searches::schedules[i];
     const Reference& ref = s.lightning.at("schedule" + std::to_string(i));
@@ -248,10 +250,8 @@ TEST_CASE("lr_find: the schedule is Lightning's _ExponentialLR and _LinearLR, on
     CHECK(s.seen_lrs[2 * k + 1] == ref.schedule[k]);
   }
   CHECK_FALSE(s.over_epochs_result.stopped_early);
-}
-
-TEST_CASE("lr_find: smoothed losses and the stop on divergence are Lightning's _LRCallback's", "[lr_finder]") {
-  const Searches& s = searches();
+  }
+  SECTION("smoothed losses and the stop on divergence are Lightning's _LRCallback's") {
   for (int i = 0; i < 2; ++i) {
     const LRFinderResult& found = s.diverged[i];
     const Reference& ref = s.lightning.at("diverged" + std::to_string(i));
@@ -263,10 +263,8 @@ TEST_CASE("lr_find: smoothed losses and the stop on divergence are Lightning's _
     CHECK(found.lrs.size() == found.losses.size());
   }
   CHECK(s.diverged[1].losses.size() < s.diverged[0].losses.size());  // the tighter threshold stops sooner
-}
-
-TEST_CASE("lr_find: the suggestion is Lightning's _LRFinder.suggestion() on the same recorded sequence", "[lr_finder]") {
-  const Searches& s = searches();
+  }
+  SECTION("the suggestion is Lightning's _LRFinder.suggestion() on the same recorded sequence") {
   REQUIRE(s.recorded.losses.size() > 20);
   const Reference& ref = s.lightning.at("recorded");
   REQUIRE(ref.suggestion);
@@ -285,6 +283,7 @@ TEST_CASE("lr_find: the suggestion is Lightning's _LRFinder.suggestion() on the 
   CHECK(s.few_result.lrs.size() == 10);
   CHECK_FALSE(s.lightning.at("few").suggestion);
   CHECK_FALSE(s.few_result.suggestion());
+  }
 }
 
 TEST_CASE("lr_find: a fit after it is bit-identical to a fit without it (weights, random state, optimizer)", "[lr_finder]") {
@@ -359,7 +358,12 @@ TEST_CASE("lr_find: refused options and modules, with Lightning's messages where
 }
 
 TEST_CASE("lr_find: the plot marks the suggestion (PNG via matplotlib, the CSV, else a text plot)", "[lr_finder]") {
-  const LRFinderResult& found = searches().recorded;
+  test::CpuTrainer<FloatPrecision> trainer(test::quiet());
+  torch::manual_seed(0);
+  Regression model;
+  auto loader = regression_data();
+  const auto found = lr_find(trainer, model, loader, {.min_lr = 1e-5, .max_lr = 10.0, .num_training = 60});
+  REQUIRE(found.suggestion_index());
   const std::string folder = test::scratch_folder("lr_finder_plot");
   const std::string written = found.plot(folder + "/lr.png", FULGUR_TEST_PYTHON,
                                          std::string(FULGUR_SOURCE_DIR) + "/scripts/plot_lr_find.py");
