@@ -346,11 +346,19 @@ TEST_CASE("lr_find: refused options and modules, with Lightning's messages where
       return std::make_unique<torch::optim::SGD>(parameters(), 0.1);
     }
     torch::nn::Linear fc;
+    double base_lr = 0.1;
   };
   auto no_lr = std::make_shared<NoLrImpl>();
   CHECK_THAT(test::message_of<MisconfigurationError>([&] { (void)lr_find(trainer, no_lr, loader, {.update_attr = true}); }),
              Catch::Contains("either `model` or `model.hparams` should have one of these fields: ('lr', 'learning_rate')"));
   CHECK_NOTHROW(lr_find(trainer, no_lr, loader, {.num_training = 3}));  // without update_attr it needs no lr
+  // Lightning's attr_name: the member given.
+  const auto named = lr_find(trainer, no_lr, loader, {.num_training = 20, .update_attr = true}, &NoLrImpl::base_lr);
+  REQUIRE(named.applied_lr);
+  CHECK(no_lr->base_lr == *named.applied_lr);
+  CHECK(named.applied_lr == named.suggestion());
+  CHECK_THROWS_WITH(lr_find(trainer, no_lr, loader, {.update_attr = true}, static_cast<double NoLrImpl::*>(nullptr)),
+                    Catch::Contains("null member pointer"));
 
   test::CpuTrainer<FloatPrecision> accumulating(test::quiet({.accumulate_grad_batches = 2}));
   CHECK_THAT(test::message_of<MisconfigurationError>([&] { (void)lr_find(accumulating, model, loader); }),
@@ -404,5 +412,13 @@ TEST_CASE("lr_find with ShardedStrategy<2> on 2 ranks: one result, and the fit a
   CHECK_THAT(log, Catch::Contains("All tests passed"));
 }
 
+TEST_CASE("lr_find with ShardedStrategy<3> on 2 ranks: one result, and the fit after it is the fit without it", "[lr_finder]") {
+  const auto [status, log] = run_ranks("lr_finder_fsdp_ranks");
+  INFO(log);
+  CHECK(status == 0);
+  CHECK_THAT(log, Catch::Contains("All tests passed"));
+}
+
 TEST_CASE("lr_find rank: DDPStrategy", "[.][lr_finder_ddp_ranks]") { check_on_ranks<DDPStrategy>(); }
 TEST_CASE("lr_find rank: ShardedStrategy<2>", "[.][lr_finder_sharded_ranks]") { check_on_ranks<ShardedStrategy<2>>(); }
+TEST_CASE("lr_find rank: ShardedStrategy<3>", "[.][lr_finder_fsdp_ranks]") { check_on_ranks<ShardedStrategy<3>>(); }

@@ -19,6 +19,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <concepts>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -89,19 +90,21 @@ concept has_learning_rate_member = requires(M& m) { m.learning_rate = 1.0; };
 
 }  // namespace lr_finder
 
-/// Lightning's trainer-level Tuner(trainer).lr_find(model, train_dataloaders, ...): a learning-rate
-/// range test on `train_data`; the Trainer, the module and the data are left as they were (see the
-/// header comment). Validation data is not needed: Lightning's search ends before validating.
-template <class TrainerT, class ModuleRef, class TrainData>
-LRFinderResult lr_find(TrainerT& trainer, ModuleRef& module, TrainData& train_data, const LRFindOptions& options = {}) {
-  auto& m = detail::referent(module);
+namespace lr_finder {
+
+/// The search; `attribute`: the member update_attr sets (nullptr: `lr` or `learning_rate`).
+template <class TrainerT, class ModuleRef, class TrainData, class Attribute>
+LRFinderResult search(TrainerT& trainer, ModuleRef& module, TrainData& train_data, const LRFindOptions& options,
+                      Attribute attribute) {
+  auto& m = fulgur::detail::referent(module);
   using Module = std::remove_cvref_t<decltype(m)>;
-  static_assert(detail::automatic_optimization_of<Module>(),
+  static_assert(fulgur::detail::automatic_optimization_of<Module>(),
                 "fulgur::lr_find drives the optimizer itself (Lightning's scheduler swap): a module with "
                 "automatic_optimization = false is not supported; find its learning rate with automatic optimization.");
-  lr_finder::check_options(options);
-  if constexpr (!lr_finder::has_lr_member<Module> && !lr_finder::has_learning_rate_member<Module>)
-    if (options.update_attr) lr_finder::raise_no_lr_attribute();
+  check_options(options);
+  constexpr bool named = !std::is_null_pointer_v<Attribute>;
+  if constexpr (!named && !has_lr_member<Module> && !has_learning_rate_member<Module>)
+    if (options.update_attr) raise_no_lr_attribute();
   const TrainerConfig& config = trainer.config();
   if (config.accumulate_grad_batches != 1)
     throw MisconfigurationError("lr_find: accumulate_grad_batches = " + std::to_string(config.accumulate_grad_batches) +
@@ -111,11 +114,11 @@ LRFinderResult lr_find(TrainerT& trainer, ModuleRef& module, TrainData& train_da
   LRFinderResult result;
   result.mode = options.mode;
   {
-    lr_finder::Snapshot snapshot(m, trainer.device());
-    auto&& loader = trainer.setup_dataloader(detail::range_ref(train_data));
+    Snapshot snapshot(m, trainer.device());
+    auto&& loader = trainer.setup_dataloader(fulgur::detail::range_ref(train_data));
     trainer.setup_module(module);
-    auto configs = detail::to_optimizer_configs(m.configure_optimizers());
-    if (configs.size() != 1) lr_finder::raise_optimizer_count(configs.size());
+    auto configs = fulgur::detail::to_optimizer_configs(m.configure_optimizers());
+    if (configs.size() != 1) raise_optimizer_count(configs.size());
     torch::optim::Optimizer& optimizer = *configs.front().optimizer;  // its scheduler, if any, is replaced
     trainer.setup_optimizers(optimizer);
 
@@ -131,7 +134,7 @@ LRFinderResult lr_find(TrainerT& trainer, ModuleRef& module, TrainData& train_da
     StepContext ctx;
     ctx.global_rank = trainer.global_rank();
     ctx.world_size = trainer.world_size();
-    lr_finder::LossTracker tracker(options.early_stop_threshold);
+    LossTracker tracker(options.early_stop_threshold);
     std::int64_t step = 0;
     bool stop = false;
     for (std::int64_t epoch = 0; epoch < max_epochs && step < options.num_training && !stop; ++epoch) {
@@ -139,7 +142,7 @@ LRFinderResult lr_find(TrainerT& trainer, ModuleRef& module, TrainData& train_da
       if constexpr (requires { loader.set_epoch(epoch); }) loader.set_epoch(epoch);
       std::int64_t batch_idx = 0;
       for (auto&& batch : loader) {
-        const double lr = lr_finder::scheduled_lr(options, step);
+        const double lr = scheduled_lr(options, step);
         for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
         result.lrs.push_back(lr);
         const auto on_device = trainer.convert_batch(trainer.batch_to_device(batch));
@@ -183,12 +186,32 @@ LRFinderResult lr_find(TrainerT& trainer, ModuleRef& module, TrainData& train_da
   }  // the snapshot is put back here
   if (options.update_attr) {
     if (const auto lr = result.suggestion()) {
-      if constexpr (lr_finder::has_lr_member<Module>) m.lr = *lr;
-      else if constexpr (lr_finder::has_learning_rate_member<Module>) m.learning_rate = *lr;
+      if constexpr (named) m.*attribute = *lr;
+      else if constexpr (has_lr_member<Module>) m.lr = *lr;
+      else if constexpr (has_learning_rate_member<Module>) m.learning_rate = *lr;
       result.applied_lr = lr;
     }
   }
   return result;
+}
+
+}  // namespace lr_finder
+
+/// Lightning's trainer-level Tuner(trainer).lr_find(model, train_dataloaders, ...): a learning-rate
+/// range test on `train_data`; the Trainer, the module and the data are left as they were (see the
+/// header comment). Validation data is not needed: Lightning's search ends before validating.
+/// update_attr sets the module's `lr` or `learning_rate` member (Lightning's automatic names).
+template <class TrainerT, class ModuleRef, class TrainData>
+LRFinderResult lr_find(TrainerT& trainer, ModuleRef& module, TrainData& train_data, const LRFindOptions& options = {}) {
+  return lr_finder::search(trainer, module, train_data, options, nullptr);
+}
+/// The same, update_attr setting the member `attribute` (Lightning's attr_name), e.g. &NetImpl::base_lr.
+template <class TrainerT, class ModuleRef, class TrainData, class Module>
+  requires std::derived_from<std::remove_cvref_t<decltype(fulgur::detail::referent(std::declval<ModuleRef&>()))>, Module>
+LRFinderResult lr_find(TrainerT& trainer, ModuleRef& module, TrainData& train_data, const LRFindOptions& options,
+                       double Module::*attribute) {
+  if (attribute == nullptr) throw MisconfigurationError("lr_find: the attribute for the learning rate is a null member pointer; pass e.g. &MyModelImpl::lr.");
+  return lr_finder::search(trainer, module, train_data, options, attribute);
 }
 
 }  // namespace fulgur
