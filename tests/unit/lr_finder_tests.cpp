@@ -360,6 +360,14 @@ TEST_CASE("lr_find: refused options and modules, with Lightning's messages where
   CHECK_THROWS_WITH(lr_find(trainer, no_lr, loader, {.update_attr = true}, static_cast<double NoLrImpl::*>(nullptr)),
                     Catch::Contains("null member pointer"));
 
+  // Lightning's epochs: limit_train_batches applies (4 batches an epoch, 3 epochs at most: 12 steps).
+  test::CpuTrainer<FloatPrecision> limited(test::quiet({.max_epochs = 3, .limit_train_batches = 4}));
+  CHECK(lr_find(limited, model, loader, {.num_training = 20}).lrs.size() == 12);
+  test::CpuTrainer<FloatPrecision> empty_epochs(test::quiet({.limit_train_batches = 0}));
+  CHECK_THROWS_AS(lr_find(empty_epochs, model, loader), DataError);
+  data::TensorLoader nothing(at::zeros({0, 4}), at::zeros({0, 1}), {.batch_size = 8});
+  CHECK_THROWS_AS(lr_find(trainer, model, nothing), DataError);
+
   test::CpuTrainer<FloatPrecision> accumulating(test::quiet({.accumulate_grad_batches = 2}));
   CHECK_THAT(test::message_of<MisconfigurationError>([&] { (void)lr_find(accumulating, model, loader); }),
              Catch::Contains("accumulate_grad_batches = 2 is not supported"));

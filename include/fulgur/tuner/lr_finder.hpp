@@ -116,6 +116,11 @@ LRFinderResult search(TrainerT& trainer, ModuleRef& module, TrainData& train_dat
   {
     Snapshot snapshot(m, trainer.device());
     auto&& loader = trainer.setup_dataloader(fulgur::detail::range_ref(train_data));
+    // The epochs fit would run: limit_train_batches applies (Lightning's search runs inside fit).
+    loops::require_batches(loader, config.limit_train_batches, "training",
+                           "give lr_find samples (with drop_last, at least batch_size of them), or check "
+                           "limit_train_batches.");
+    const std::int64_t epoch_batches = loops::batch_limit(loader, config.limit_train_batches, "limit_train_batches");
     trainer.setup_module(module);
     auto configs = fulgur::detail::to_optimizer_configs(m.configure_optimizers());
     if (configs.size() != 1) raise_optimizer_count(configs.size());
@@ -142,6 +147,7 @@ LRFinderResult search(TrainerT& trainer, ModuleRef& module, TrainData& train_dat
       if constexpr (requires { loader.set_epoch(epoch); }) loader.set_epoch(epoch);
       std::int64_t batch_idx = 0;
       for (auto&& batch : loader) {
+        if (batch_idx == epoch_batches) break;
         const double lr = scheduled_lr(options, step);
         for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
         result.lrs.push_back(lr);
@@ -170,6 +176,9 @@ LRFinderResult search(TrainerT& trainer, ModuleRef& module, TrainData& train_dat
         ++batch_idx;
         if (stop || step >= options.num_training) break;
       }
+      if (batch_idx == 0)  // a loader that could not tell its length, and gave nothing
+        throw DataError("lr_find: the training data gave no batches in epoch " + std::to_string(epoch) +
+                        "; give it samples, or check limit_train_batches.");
     }
     result.stopped_early = stop;
     trainer.end_training();
