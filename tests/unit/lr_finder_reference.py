@@ -10,10 +10,13 @@ INPUT: cases (one Python start for them all: importing Lightning is the slow par
   lrs X1 X2 ...        a recorded (lr, loss) sequence for suggestion() (optional)
   losses L1 L2 ...
   skip BEGIN END       suggestion's arguments (optional; Lightning's defaults otherwise)
+  run FILE             a whole Tuner(trainer).lr_find on the regression of the C++ test: FILE has
+                       the lines "x ...", "y ...", "weight ...", "bias ..." (float32 values), "batch N"
 OUTPUT lines "NAME key values" (repr of Python floats, None where Lightning gives None):
   schedule X...        _ExponentialLR/_LinearLR's lr before each of num_training optimizer steps
   smoothed X...        _LRCallback's losses for the raw losses, and `stop K`: after how many it stopped
   suggestion X / index K
+  run_lrs X... / run_losses X... / run_suggestion X   what Lightning's lr_find recorded and suggests
 """
 import sys
 from types import SimpleNamespace
@@ -82,7 +85,53 @@ def reference(cfg):
         lr = finder.suggestion(*args)
         lines.append(f"suggestion {lr!r}")
         lines.append(f"index {finder._optimal_idx}")
+    if "run" in cfg:
+        lines += lightning_run(cfg["run"][0], mode, min_lr, max_lr, num_training, threshold)
     return lines
+
+
+def lightning_run(path, mode, min_lr, max_lr, num_training, threshold):
+    """Lightning's whole search on the same weights and batches as the C++ test's Regression."""
+    import tempfile
+    import warnings
+
+    import lightning.pytorch as pl
+    from lightning.pytorch.tuner import Tuner
+
+    values = {}
+    for line in open(path):
+        key, *rest = line.split()
+        values[key] = rest
+    x = torch.tensor([float(v) for v in values["x"]], dtype=torch.float32).reshape(-1, 4)
+    y = torch.tensor([float(v) for v in values["y"]], dtype=torch.float32).reshape(-1, 1)
+    batch = int(values["batch"][0])
+
+    class Regression(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 1)
+            with torch.no_grad():
+                self.fc.weight.copy_(torch.tensor([float(v) for v in values["weight"]]).reshape(1, 4))
+                self.fc.bias.copy_(torch.tensor([float(v) for v in values["bias"]]))
+
+        def training_step(self, b, i):
+            return torch.nn.functional.mse_loss(self.fc(b[0]), b[1])
+
+        def configure_optimizers(self):  # as RegressionImpl: the bias group has its own lr, no momentum
+            return torch.optim.SGD([{"params": [self.fc.weight]}, {"params": [self.fc.bias], "lr": 0.5, "momentum": 0.0}],
+                                   lr=0.01, momentum=0.9)
+
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch)
+    with tempfile.TemporaryDirectory() as root, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, default_root_dir=root)
+        found = Tuner(trainer).lr_find(Regression(), train_dataloaders=loader, min_lr=min_lr, max_lr=max_lr,
+                                       num_training=num_training, mode=mode, early_stop_threshold=threshold,
+                                       update_attr=False)
+    return ["run_lrs " + " ".join(repr(v) for v in found.results["lr"]),
+            "run_losses " + " ".join(repr(v) for v in found.results["loss"]),
+            f"run_suggestion {found.suggestion()!r}"]
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ struct Reference {
   std::vector<double> schedule, smoothed;
   std::optional<std::int64_t> stop, index;
   std::optional<double> suggestion;
+  std::vector<double> run_lrs, run_losses;  // Lightning's own search on the same problem
+  std::optional<double> run_suggestion;
 };
 
 std::vector<double> numbers(std::istringstream& in) {
@@ -53,6 +55,7 @@ struct Case {
   std::vector<double> raw{};
   const LRFinderResult* recorded = nullptr;
   std::optional<std::pair<int, int>> skip{};
+  std::string run{};  // a problem file: Lightning's whole Tuner.lr_find on it too
 };
 
 /// Lightning's answers for all the cases, from one Python start (importing Lightning is slow).
@@ -69,6 +72,7 @@ std::map<std::string, Reference> lightning(const std::vector<Case>& cases) {
       if (!c.raw.empty()) in << "raw" << join(c.raw) << "\n";
       if (c.recorded) in << "lrs" << join(c.recorded->lrs) << "\nlosses" << join(c.recorded->losses) << "\n";
       if (c.skip) in << "skip " << c.skip->first << " " << c.skip->second << "\n";
+      if (!c.run.empty()) in << "run " << c.run << "\n";
     }
   }
   const std::string line = std::string(FULGUR_TEST_PYTHON) + " " + FULGUR_SOURCE_DIR +
@@ -87,6 +91,9 @@ std::map<std::string, Reference> lightning(const std::vector<Case>& cases) {
     else if (key == "stop" && fields >> value && value != "None") ref.stop = std::stoll(value);
     else if (key == "index" && fields >> value && value != "None") ref.index = std::stoll(value);
     else if (key == "suggestion" && fields >> value && value != "None") ref.suggestion = std::strtod(value.c_str(), nullptr);
+    else if (key == "run_lrs") ref.run_lrs = numbers(fields);
+    else if (key == "run_losses") ref.run_losses = numbers(fields);
+    else if (key == "run_suggestion" && fields >> value && value != "None") ref.run_suggestion = std::strtod(value.c_str(), nullptr);
   }
   if (refs.size() != cases.size()) throw std::runtime_error("the Python reference did not answer every case: " + line);
   return refs;
@@ -119,11 +126,31 @@ struct RegressionImpl : torch::nn::Module {
 };
 TORCH_MODULE(Regression);
 
-data::TensorLoader regression_data(std::int64_t n = 256, bool shuffle = false) {
+std::pair<at::Tensor, at::Tensor> regression_tensors(std::int64_t n) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   auto x = at::randn({n, 4}, gen);
   auto y = x.matmul(at::tensor({1.5f, -2.0f, 0.5f, 1.0f}).unsqueeze(1)) + 0.1 * at::randn({n, 1}, gen);
+  return {x, y};
+}
+data::TensorLoader regression_data(std::int64_t n = 256, bool shuffle = false) {
+  auto [x, y] = regression_tensors(n);
   return data::TensorLoader(x, y, {.batch_size = 8, .shuffle = shuffle, .seed = 3});
+}
+
+/// The regression's data and first weights (seed 0), for Lightning's own search on them.
+std::string write_regression_problem(const std::string& path) {
+  auto values = [](const at::Tensor& t) {
+    const at::Tensor flat = t.detach().to(at::kDouble).contiguous().flatten();
+    std::vector<double> out(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel());
+    return join(out);
+  };
+  torch::manual_seed(0);
+  Regression model;
+  const auto [x, y] = regression_tensors(256);
+  std::ofstream out(path);
+  out << "x" << values(x) << "\ny" << values(y) << "\nweight" << values(model->fc->weight) << "\nbias"
+      << values(model->fc->bias) << "\nbatch 8\n";
+  return path;
 }
 
 bool same_bits(torch::nn::Module& a, torch::nn::Module& b) {
@@ -218,7 +245,8 @@ struct Searches {
     for (std::size_t i = 0; i < std::size(schedules); ++i) cases.push_back({"schedule" + std::to_string(i), schedules[i]});
     cases.push_back({"over_epochs", over_epochs});
     for (int i = 0; i < 2; ++i) cases.push_back({"diverged" + std::to_string(i), diverging[i], diverged[i].raw_losses});
-    cases.push_back({"recorded", suggesting, {}, &recorded});
+    cases.push_back({"recorded", suggesting, {}, &recorded, std::nullopt,
+                     write_regression_problem(test::scratch_folder("lr_finder_problem") + "/problem.txt")});
     for (std::size_t i = 0; i < std::size(skips); ++i)
       cases.push_back({"edited" + std::to_string(i), suggesting, {}, &edited, skips[i]});
     cases.push_back({"few", few, {}, &few_result});
@@ -232,7 +260,7 @@ const Searches& searches() {
 }
 
 // One test case, so that ctest (a process per case) starts Python once for the three comparisons.
-TEST_CASE("lr_find agrees with Lightning's code: schedule, smoothing and early stop, suggestion", "[lr_finder]") {
+TEST_CASE("lr_find agrees with Lightning's code: schedule, smoothing and early stop, suggestion, a whole search", "[lr_finder]") {
   const Searches& s = searches();
   SECTION("the schedule is Lightning's _ExponentialLR and _LinearLR, on every parameter group") {
   for (std::size_t i = 0; i < std::size(Searches::schedules); ++i) {
@@ -263,6 +291,14 @@ TEST_CASE("lr_find agrees with Lightning's code: schedule, smoothing and early s
     CHECK(found.lrs.size() == found.losses.size());
   }
   CHECK(s.diverged[1].losses.size() < s.diverged[0].losses.size());  // the tighter threshold stops sooner
+  }
+  SECTION("the whole search is Lightning's Tuner.lr_find on the same weights and batches") {
+    const Reference& ref = s.lightning.at("recorded");
+    REQUIRE(ref.run_lrs.size() > 20);
+    CHECK(s.recorded.lrs == ref.run_lrs);
+    CHECK(s.recorded.losses == ref.run_losses);
+    CHECK(s.recorded.suggestion() == ref.run_suggestion);
+    CHECK(s.recorded.stopped_early == (ref.run_lrs.size() < static_cast<std::size_t>(s.suggesting.num_training)));
   }
   SECTION("the suggestion is Lightning's _LRFinder.suggestion() on the same recorded sequence") {
   REQUIRE(s.recorded.losses.size() > 20);
