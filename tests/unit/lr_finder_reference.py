@@ -11,7 +11,8 @@ INPUT: cases (one Python start for them all: importing Lightning is the slow par
   losses L1 L2 ...
   skip BEGIN END       suggestion's arguments (optional; Lightning's defaults otherwise)
   run FILE             a whole Tuner(trainer).lr_find on the regression of the C++ test: FILE has
-                       the lines "x ...", "y ...", "weight ...", "bias ..." (float32 values), "batch N"
+                       the lines "x ...", "y ...", "weight ...", "bias ..." (float32 values), "batch N",
+                       "accumulate K" (the Trainer's accumulate_grad_batches)
 OUTPUT lines "NAME key values" (repr of Python floats, None where Lightning gives None):
   schedule X...        _ExponentialLR/_LinearLR's lr before each of num_training optimizer steps
   smoothed X...        _LRCallback's losses for the raw losses, and `stop K`: after how many it stopped
@@ -105,6 +106,7 @@ def lightning_run(path, mode, min_lr, max_lr, num_training, threshold):
     x = torch.tensor([float(v) for v in values["x"]], dtype=torch.float32).reshape(-1, 4)
     y = torch.tensor([float(v) for v in values["y"]], dtype=torch.float32).reshape(-1, 1)
     batch = int(values["batch"][0])
+    accumulate = int(values["accumulate"][0])
 
     class Regression(pl.LightningModule):
         def __init__(self):
@@ -125,7 +127,8 @@ def lightning_run(path, mode, min_lr, max_lr, num_training, threshold):
     with tempfile.TemporaryDirectory() as root, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False, default_root_dir=root)
+                             enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
+                             accumulate_grad_batches=accumulate)
         found = Tuner(trainer).lr_find(Regression(), train_dataloaders=loader, min_lr=min_lr, max_lr=max_lr,
                                        num_training=num_training, mode=mode, early_stop_threshold=threshold,
                                        update_attr=False)

@@ -138,7 +138,7 @@ data::TensorLoader regression_data(std::int64_t n = 256, bool shuffle = false) {
 }
 
 /// The regression's data and first weights (seed 0), for Lightning's own search on them.
-std::string write_regression_problem(const std::string& path) {
+std::string write_regression_problem(const std::string& path, std::int64_t accumulate = 1) {
   auto values = [](const at::Tensor& t) {
     const at::Tensor flat = t.detach().to(at::kDouble).contiguous().flatten();
     std::vector<double> out(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel());
@@ -149,7 +149,7 @@ std::string write_regression_problem(const std::string& path) {
   const auto [x, y] = regression_tensors(256);
   std::ofstream out(path);
   out << "x" << values(x) << "\ny" << values(y) << "\nweight" << values(model->fc->weight) << "\nbias"
-      << values(model->fc->bias) << "\nbatch 8\n";
+      << values(model->fc->bias) << "\nbatch 8\naccumulate " << accumulate << "\n";
   return path;
 }
 
@@ -177,11 +177,11 @@ std::pair<int, std::string> run_ranks(const std::string& tag) {
   return {status, text.str()};
 }
 
-/// What each rank checks under a data-parallel strategy S: the ranks agree on the search, and a fit
-/// after lr_find is the fit without it.
+/// What each rank checks under a data-parallel strategy S (accumulating 2 batches: the gradient sync
+/// skipped inside a window): the ranks agree on the search, and a fit after lr_find is the fit without it.
 template <class S>
 void check_on_ranks() {
-  Trainer<CPUAccelerator, S, FloatPrecision> trainer(test::quiet({.max_epochs = 1, .devices = 2}));
+  Trainer<CPUAccelerator, S, FloatPrecision> trainer(test::quiet({.max_epochs = 1, .accumulate_grad_batches = 2, .devices = 2}));
   REQUIRE(trainer.world_size() == 2);
   torch::manual_seed(11);
   Regression plain;
@@ -218,6 +218,9 @@ struct Searches {
   // a sequence for suggestion(), as recorded and with non-finite losses put in
   LRFindOptions suggesting{.min_lr = 1e-5, .max_lr = 10.0, .num_training = 60};
   LRFinderResult recorded, edited;
+  // the same under accumulate_grad_batches = 3 (32 batches an epoch: a window of 2 ends each epoch)
+  LRFindOptions accumulating{.min_lr = 1e-5, .max_lr = 10.0, .num_training = 40};
+  LRFinderResult accumulated;
   static constexpr std::pair<int, int> skips[] = {{10, 1}, {0, 3}, {2, 0}, {1, 200}};
   // 10 points: nothing left after skip_begin = 10
   LRFindOptions few{.num_training = 10};
@@ -236,6 +239,13 @@ struct Searches {
     std::tie(over_epochs_result, seen_lrs) = search(over_epochs, 64);
     for (int i = 0; i < 2; ++i) diverged[i] = search(diverging[i]).first;
     recorded = search(suggesting).first;
+    {
+      test::CpuTrainer<FloatPrecision> accumulating_trainer(test::quiet({.accumulate_grad_batches = 3}));
+      torch::manual_seed(0);
+      Regression model;
+      auto loader = regression_data();
+      accumulated = lr_find(accumulating_trainer, model, loader, accumulating);
+    }
     edited = recorded;
     edited.losses.at(15) = std::numeric_limits<double>::infinity();
     edited.losses.at(16) = std::numeric_limits<double>::quiet_NaN();
@@ -247,6 +257,8 @@ struct Searches {
     for (int i = 0; i < 2; ++i) cases.push_back({"diverged" + std::to_string(i), diverging[i], diverged[i].raw_losses});
     cases.push_back({"recorded", suggesting, {}, &recorded, std::nullopt,
                      write_regression_problem(test::scratch_folder("lr_finder_problem") + "/problem.txt")});
+    cases.push_back({"accumulated", accumulating, {}, nullptr, std::nullopt,
+                     write_regression_problem(test::scratch_folder("lr_finder_problem3") + "/problem.txt", 3)});
     for (std::size_t i = 0; i < std::size(skips); ++i)
       cases.push_back({"edited" + std::to_string(i), suggesting, {}, &edited, skips[i]});
     cases.push_back({"few", few, {}, &few_result});
@@ -299,6 +311,12 @@ TEST_CASE("lr_find agrees with Lightning's code: schedule, smoothing and early s
     CHECK(s.recorded.losses == ref.run_losses);
     CHECK(s.recorded.suggestion() == ref.run_suggestion);
     CHECK(s.recorded.stopped_early == (ref.run_lrs.size() < static_cast<std::size_t>(s.suggesting.num_training)));
+    // accumulate_grad_batches = 3: a point per window, the loss divided by 3, the epochs' short windows
+    const Reference& acc = s.lightning.at("accumulated");
+    REQUIRE(acc.run_lrs.size() > 20);
+    CHECK(s.accumulated.lrs == acc.run_lrs);
+    CHECK(s.accumulated.losses == acc.run_losses);
+    CHECK(s.accumulated.suggestion() == acc.run_suggestion);
   }
   SECTION("the suggestion is Lightning's _LRFinder.suggestion() on the same recorded sequence") {
   REQUIRE(s.recorded.losses.size() > 20);
@@ -404,9 +422,6 @@ TEST_CASE("lr_find: refused options and modules, with Lightning's messages where
   data::TensorLoader nothing(at::zeros({0, 4}), at::zeros({0, 1}), {.batch_size = 8});
   CHECK_THROWS_AS(lr_find(trainer, model, nothing), DataError);
 
-  test::CpuTrainer<FloatPrecision> accumulating(test::quiet({.accumulate_grad_batches = 2}));
-  CHECK_THAT(test::message_of<MisconfigurationError>([&] { (void)lr_find(accumulating, model, loader); }),
-             Catch::Contains("accumulate_grad_batches = 2 is not supported"));
 }
 
 TEST_CASE("lr_find: the plot marks the suggestion (PNG via matplotlib, the CSV, else a text plot)", "[lr_finder]") {

@@ -106,10 +106,7 @@ LRFinderResult search(TrainerT& trainer, ModuleRef& module, TrainData& train_dat
   if constexpr (!named && !has_lr_member<Module> && !has_learning_rate_member<Module>)
     if (options.update_attr) raise_no_lr_attribute();
   const TrainerConfig& config = trainer.config();
-  if (config.accumulate_grad_batches != 1)
-    throw MisconfigurationError("lr_find: accumulate_grad_batches = " + std::to_string(config.accumulate_grad_batches) +
-                                " is not supported by fulgur's learning rate finder yet; search with a Trainer "
-                                "configured with accumulate_grad_batches = 1.");
+  const std::int64_t accumulate = config.accumulate_grad_batches;  // validated by the Trainer (>= 1)
 
   LRFinderResult result;
   result.mode = options.mode;
@@ -146,13 +143,24 @@ LRFinderResult search(TrainerT& trainer, ModuleRef& module, TrainData& train_dat
       ctx.current_epoch = epoch;
       if constexpr (requires { loader.set_epoch(epoch); }) loader.set_epoch(epoch);
       std::int64_t batch_idx = 0;
-      for (auto&& batch : loader) {
-        if (batch_idx == epoch_batches) break;
+      // One batch ahead, as Lightning's data fetcher: the last batch of an epoch steps even inside an
+      // accumulation window.
+      using std::begin, std::end;
+      auto next = begin(loader);
+      const auto stop_at = end(loader);
+      while (next != stop_at && batch_idx != epoch_batches) {
+        auto batch = *next;
+        ++next;
+        const bool last = next == stop_at || batch_idx + 1 == epoch_batches;
+        // Lightning's _LRCallback records at the last batch of a window only (a shorter window at an
+        // epoch's end steps the optimizer and the schedule without a point, as there).
+        const bool records = (batch_idx + 1) % accumulate == 0;
+        const bool steps = records || last;
         const double lr = scheduled_lr(options, step);
         for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
-        result.lrs.push_back(lr);
+        if (records) result.lrs.push_back(lr);
         const auto on_device = trainer.convert_batch(trainer.batch_to_device(batch));
-        optimizer.zero_grad();
+        if (batch_idx % accumulate == 0) optimizer.zero_grad();
         ctx.batch_idx = batch_idx;
         at::Tensor loss;
         {
@@ -162,17 +170,25 @@ LRFinderResult search(TrainerT& trainer, ModuleRef& module, TrainData& train_dat
           else
             loss = m.training_step(on_device, batch_idx);
         }
-        trainer.backward(loss, module);
-        if (clip) trainer.clip_gradients(module, optimizer, *clip);
-        trainer.optimizer_step(optimizer);
-        ctx.global_step = ++step;
-        const double raw = loss.detach().item<double>();  // the host sync Lightning's loss.item() has
-        result.raw_losses.push_back(raw);
-        result.losses.push_back(tracker.add(raw, step));
-        stop = tracker.stop();
-        if (trainer.world_size() > 1)  // every rank follows rank 0, as Lightning's broadcast of should_stop
-          stop = trainer.broadcast(at::full({1}, stop ? 1 : 0, at::TensorOptions(at::kInt).device(trainer.device())))
-                     .template item<int>() != 0;
+        if (accumulate > 1) loss = loss / accumulate;  // Lightning's normalized loss, also what it records
+        {
+          auto accumulating = trainer.no_backward_sync(module, !steps);
+          trainer.backward(loss, module);
+        }
+        if (steps) {
+          if (clip) trainer.clip_gradients(module, optimizer, *clip);
+          trainer.optimizer_step(optimizer);
+          ctx.global_step = ++step;
+        }
+        if (records) {
+          const double raw = loss.detach().item<double>();  // the host sync Lightning's loss.item() has
+          result.raw_losses.push_back(raw);
+          result.losses.push_back(tracker.add(raw, step));
+          stop = tracker.stop();
+          if (trainer.world_size() > 1)  // every rank follows rank 0, as Lightning's broadcast of should_stop
+            stop = trainer.broadcast(at::full({1}, stop ? 1 : 0, at::TensorOptions(at::kInt).device(trainer.device())))
+                       .template item<int>() != 0;
+        }
         ++batch_idx;
         if (stop || step >= options.num_training) break;
       }
