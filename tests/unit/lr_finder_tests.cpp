@@ -103,12 +103,14 @@ std::map<std::string, Reference> lightning(const std::vector<Case>& cases) {
 /// learning rates each group had at each step (read through the optimizer it made).
 struct RegressionImpl : torch::nn::Module {
   RegressionImpl() : fc(register_module("fc", torch::nn::Linear(4, 1))) {}
-  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+  at::Tensor training_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
     if (optimizer)
       for (auto& group : optimizer->param_groups()) seen_lrs.push_back(group.options().get_lr());
     auto out = fc(b.input);
     if (dropout > 0) out = torch::dropout(out, dropout, is_training());
-    return torch::mse_loss(out, b.target);
+    auto loss = torch::mse_loss(out, b.target);
+    ctx.log("train_loss", loss.detach(), {.prog_bar = true});  // as most modules do: lr_find accepts it
+    return loss;
   }
   std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
     std::vector<torch::optim::OptimizerParamGroup> groups;

@@ -30,7 +30,9 @@
 #include "fulgur/concepts/training_module.hpp"
 #include "fulgur/detail/trainer_arguments.hpp"
 #include "fulgur/errors.hpp"
+#include "fulgur/hooks.hpp"
 #include "fulgur/loops/fit.hpp"
+#include "fulgur/metrics.hpp"
 #include "fulgur/optimization.hpp"
 #include "fulgur/step_context.hpp"
 #include "fulgur/trainer_config.hpp"
@@ -136,11 +138,15 @@ LRFinderResult search(TrainerT& trainer, ModuleRef& module, TrainData& train_dat
     StepContext ctx;
     ctx.global_rank = trainer.global_rank();
     ctx.world_size = trainer.world_size();
+    detail::MetricCollection logged{/*training=*/true};  // what a step logs is accepted and dropped
+    logged.set_device(trainer.device());                 // (Lightning's search logs to a DummyLogger)
+    ctx.attach(&logged);
     LossTracker tracker(options.early_stop_threshold);
     std::int64_t step = 0;
     bool stop = false;
     for (std::int64_t epoch = 0; epoch < max_epochs && step < options.num_training && !stop; ++epoch) {
       ctx.current_epoch = epoch;
+      logged.reset();
       if constexpr (requires { loader.set_epoch(epoch); }) loader.set_epoch(epoch);
       std::int64_t batch_idx = 0;
       // One batch ahead, as Lightning's data fetcher: the last batch of an epoch steps even inside an
@@ -165,6 +171,7 @@ LRFinderResult search(TrainerT& trainer, ModuleRef& module, TrainData& train_dat
         at::Tensor loss;
         {
           auto precision_context = trainer.forward_context();
+          ctx.enter(hooks::training_step_t::name, hooks::training_step_t::log_scope);
           if constexpr (requires { m.training_step(on_device, batch_idx, ctx); })
             loss = m.training_step(on_device, batch_idx, ctx);
           else
