@@ -368,6 +368,30 @@ TEST_CASE("lr_find: a fit after it is bit-identical to a fit without it (weights
   CHECK(same_bits(*plain, *searched));
 }
 
+TEST_CASE("lr_find under 16-mixed: the loss scaler is put back, and the fit after it is the fit without it", "[lr_finder]") {
+  // Two Trainers built alike: one fits, the other searches first and then fits.
+  test::CpuTrainer<FP16MixedPrecision> fitting(test::quiet({.max_epochs = 1})), searching(test::quiet({.max_epochs = 1}));
+  torch::manual_seed(5);
+  Regression plain;
+  torch::manual_seed(5);
+  Regression searched;
+  auto loader = regression_data(128);
+  const StateDict scaler_before = searching.precision().state_dict();
+  // Up to lr = 1e4 with no early stop: fp16 gradients overflow at the scale of 65536 and later, the
+  // scaler backs off and skips steps (the search changes its state).
+  const auto found = lr_find(searching, searched, loader,
+                             {.min_lr = 1e-3, .max_lr = 1e4, .num_training = 16, .early_stop_threshold = std::nullopt});
+  CHECK(found.lrs.size() == 16);  // one epoch of 16 batches
+  const StateDict scaler_after = searching.precision().state_dict();
+  CHECK(scaler_after.at("scale").toDouble() == scaler_before.at("scale").toDouble());
+  CHECK(scaler_after.at("_growth_tracker").toInt() == scaler_before.at("_growth_tracker").toInt());
+  const auto plain_result = fitting.fit(plain, loader);
+  const auto searched_result = searching.fit(searched, loader);
+  CHECK(searched_result.global_step == plain_result.global_step);
+  CHECK(same_bits(*plain, *searched));
+  CHECK(searching.precision().state_dict().at("scale").toDouble() == fitting.precision().state_dict().at("scale").toDouble());
+}
+
 TEST_CASE("lr_find: refused options and modules, with Lightning's messages where it has them", "[lr_finder]") {
   test::CpuTrainer<FloatPrecision> trainer(test::quiet());
   Regression model;

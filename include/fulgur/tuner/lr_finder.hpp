@@ -10,7 +10,7 @@
 // _ExponentialLR / _LinearLR schedule; after each step the training_step loss is read (a host
 // sync per step, as Lightning's loss.item()), smoothed, and the search stops when it diverges.
 // Then everything is put back as it was: the module's parameters, buffers and gradients, its
-// train/eval mode, the CPU and device random state. The optimizer of the search is dropped (fit
+// train/eval mode, the CPU and device random state, the precision's loss scaler. The optimizer of the search is dropped (fit
 // calls configure_optimizers again) and no callback, logger or loop counter of the Trainer is
 // touched, so a fit afterwards is the fit it would have been (tested bit for bit).
 // The steps go through the Trainer's Fabric verbs (strategy and precision included: DDP reduces
@@ -34,6 +34,7 @@
 #include "fulgur/loops/fit.hpp"
 #include "fulgur/metrics.hpp"
 #include "fulgur/optimization.hpp"
+#include "fulgur/state_dict.hpp"
 #include "fulgur/step_context.hpp"
 #include "fulgur/trainer_config.hpp"
 #include "fulgur/tuner/lr_finder_result.hpp"
@@ -85,6 +86,21 @@ class Snapshot {
   std::map<std::string, at::Tensor> buffers_;
 };
 
+/// The precision's state (the loss scaler's scale and growth tracker under '16-mixed'), put back
+/// when it goes out of scope: Lightning's checkpoint round trip restores it too.
+template <class Precision>
+class PrecisionSnapshot {
+ public:
+  explicit PrecisionSnapshot(Precision& precision) : precision_(precision), saved_(precision.state_dict()) {}
+  ~PrecisionSnapshot() { precision_.load_state_dict(saved_); }
+  PrecisionSnapshot(const PrecisionSnapshot&) = delete;
+  PrecisionSnapshot& operator=(const PrecisionSnapshot&) = delete;
+
+ private:
+  Precision& precision_;
+  StateDict saved_;
+};
+
 template <class M>
 concept has_lr_member = requires(M& m) { m.lr = 1.0; };
 template <class M>
@@ -114,6 +130,7 @@ LRFinderResult search(TrainerT& trainer, ModuleRef& module, TrainData& train_dat
   result.mode = options.mode;
   {
     Snapshot snapshot(m, trainer.device());
+    PrecisionSnapshot precision_snapshot(trainer.precision());
     auto&& loader = trainer.setup_dataloader(fulgur::detail::range_ref(train_data));
     // The epochs fit would run: limit_train_batches applies (Lightning's search runs inside fit).
     loops::require_batches(loader, config.limit_train_batches, "training",
