@@ -10,9 +10,11 @@
 // _ExponentialLR / _LinearLR schedule; after each step the training_step loss is read (a host
 // sync per step, as Lightning's loss.item()), smoothed, and the search stops when it diverges.
 // Then everything is put back as it was: the module's parameters, buffers and gradients, its
-// train/eval mode, the CPU and device random state, the precision's loss scaler. The optimizer of the search is dropped (fit
-// calls configure_optimizers again) and no callback, logger or loop counter of the Trainer is
-// touched, so a fit afterwards is the fit it would have been (tested bit for bit).
+// train/eval mode, the CPU and device random state, the precision's loss scaler. The optimizer of
+// the search is dropped (fit calls configure_optimizers again) and no callback, logger or loop
+// counter of the Trainer is touched, so a fit afterwards is the fit it would have been (tested bit
+// for bit). Gradient accumulation, limit_train_batches, max_epochs and gradient clipping apply as
+// in fit (Lightning's search runs inside fit).
 // The steps go through the Trainer's Fabric verbs (strategy and precision included: DDP reduces
 // the gradients, the sharded strategies shard, '16-mixed' scales the loss).
 #include <ATen/ATen.h>
@@ -259,7 +261,9 @@ template <class TrainerT, class ModuleRef, class TrainData, class Module>
   requires std::derived_from<std::remove_cvref_t<decltype(fulgur::detail::referent(std::declval<ModuleRef&>()))>, Module>
 LRFinderResult lr_find(TrainerT& trainer, ModuleRef& module, TrainData& train_data, const LRFindOptions& options,
                        double Module::*attribute) {
-  if (attribute == nullptr) throw MisconfigurationError("lr_find: the attribute for the learning rate is a null member pointer; pass e.g. &MyModelImpl::lr.");
+  if (attribute == nullptr)
+    throw MisconfigurationError("lr_find: the attribute for the learning rate is a null member pointer; "
+                                "pass the member to set, e.g. &MyModelImpl::lr.");
   return lr_finder::search(trainer, module, train_data, options, attribute);
 }
 
