@@ -369,3 +369,54 @@ TEST_CASE("weight averaging refuses bad options with Lightning's and PyTorch's m
   CHECK_THAT(message_of<MisconfigurationError>([&] { trainer.fit(net, train); }),
              Catch::Contains("give the `update_bn` option"));
 }
+
+TEST_CASE("StochasticWeightAveraging resumes exactly: before SWA, at an epoch's end, inside an SWA epoch",
+          "[weight_averaging][resume]") {
+  struct LrProbe {
+    std::vector<std::pair<std::int64_t, double>>* lrs;
+    void on_train_epoch_start(TrainerView& t) {
+      lrs->emplace_back(t.current_epoch(), t.optimizers().front().optimizer->param_groups().front().options().get_lr());
+    }
+  };
+  struct Run {
+    Tensors weights, average;
+    std::int64_t n_averaged = 0;
+    std::vector<std::pair<std::int64_t, double>> lrs;
+  };
+  const std::string dir = test::scratch_folder("swa_resume");
+  auto run = [&](std::int64_t save_at, const std::string& resume) {
+    torch::manual_seed(resume.empty() ? 6 : 99);
+    test::Classifier net(8, 16, 3, /*use_sgd=*/true, /*lr=*/0.1);
+    auto [train, val] = loaders();
+    Run out;
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, StochasticWeightAveraging, LrProbe, SaveAt> trainer(
+        test::quiet({.max_epochs = 6, .default_root_dir = dir}),
+        StochasticWeightAveraging({.swa_lrs = {0.02}, .swa_epoch_start = std::int64_t{3}, .annealing_epochs = 2}),
+        LrProbe{&out.lrs}, SaveAt{save_at, dir + "/at.ckpt"});
+    trainer.fit(net, train, FitOptions{.ckpt_path = resume});
+    out.weights = clones(net->parameters());
+    out.average = clones(trainer.callback<StochasticWeightAveraging>().average());
+    out.n_averaged = trainer.callback<StochasticWeightAveraging>().n_averaged();
+    return out;
+  };
+  const std::int64_t save_at = GENERATE(12, 24, 27);  // epoch 1 (before SWA), epoch 2's end, inside epoch 3
+  INFO("saved after batch " << save_at);
+  const Run straight = run(save_at, "");
+  CHECK(straight.n_averaged == 4);  // at the starts of epochs 2 to 5
+  const StateDict state(StateDict(checkpoint::load(dir + "/at.ckpt").at("callbacks").toGenericDict())
+                            .at("StochasticWeightAveraging")
+                            .toGenericDict());
+  CHECK(state.contains("n_averaged"));
+  CHECK(state.contains("latest_update_epoch"));
+  CHECK(state.at("scheduler_state").isNone() == (save_at == 12));
+  CHECK(state.at("average_model_state").isGenericDict());
+  const Run resumed = run(-1, dir + "/at.ckpt");
+  CHECK(resumed.n_averaged == straight.n_averaged);
+  CHECK(same(resumed.average, straight.average));
+  CHECK(same(resumed.weights, straight.weights));
+  for (const auto& [epoch, lr] : resumed.lrs) {
+    INFO("epoch " << epoch);
+    CHECK(lr == straight.lrs.at(static_cast<std::size_t>(epoch)).second);
+  }
+  CHECK(resumed.lrs.size() >= 3);
+}
