@@ -37,9 +37,13 @@ void ema_update(const std::vector<at::Tensor>& average, const std::vector<at::Te
       average[i].detach().copy_(model);
     } else {
       // get_ema_avg_fn: `decay * ema_param + (1 - decay) * current_param`, each product rounded to the
-      // tensor's dtype before the sum (not a lerp, whose rounding differs).
+      // tensor's dtype before the sum (not a lerp, whose rounding differs). In place where that rounds
+      // the same (one temporary less); an integer buffer is computed in floating point and truncated.
       const at::Tensor avg = average[i].detach();
-      avg.copy_(at::add(at::mul(avg, decay), at::mul(model, 1.0 - decay)));
+      if (avg.is_floating_point() || avg.is_complex())
+        avg.mul_(decay).add_(at::mul(model, 1.0 - decay));
+      else
+        avg.copy_(at::add(at::mul(avg, decay), at::mul(model, 1.0 - decay)));
     }
   }
 }

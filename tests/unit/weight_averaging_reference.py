@@ -7,9 +7,11 @@
       for each (cos|linear, anneal_epochs), the lr of each group during each epoch, SWALR made as
       Lightning's StochasticWeightAveraging makes it
   update_bn <in> <out>                              torch.optim.swa_utils.update_bn of a Linear-BatchNorm1d-Linear
+Several commands run in one process when separated by "+".
 <in>: {"step_<k>": {"p:<name>" | "b:<name>": tensor}, ...} (k = the global step after which it was taken);
 <out>: {name: tensor} (torch.save), or text lines for swalr.
 """
+import pathlib
 import sys
 
 import torch
@@ -44,15 +46,40 @@ def steps(path):
     return sorted(((int(k.split("_")[1]), v) for k, v in data.items()), key=lambda kv: kv[0])
 
 
+def lightning_ema_rule(every, start):
+    """Lightning's EMAWeightAveraging.should_update, taken from its source file: importing Lightning
+    costs seconds this test does not need."""
+    import ast
+    import importlib.util
+    import types
+
+    path = pathlib.Path(importlib.util.find_spec("lightning").origin).parent / "pytorch/callbacks/weight_averaging.py"
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EMAWeightAveraging")
+    method = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "should_update")
+    method.returns = None
+    for a in method.args.args + method.args.kwonlyargs:
+        a.annotation = None
+    namespace = {}
+    exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace)
+    rule = types.SimpleNamespace(update_every_n_steps=every, update_starting_at_step=start,
+                                 update_starting_at_epoch=None)
+    rule.should_update = types.MethodType(namespace["should_update"], rule)
+    return rule
+
+
 def main(argv):
+    if "+" in argv:  # several commands in one process: "cmd args + cmd args"
+        i = argv.index("+")
+        main(argv[:i])
+        main([argv[0]] + argv[i + 1:])
+        return
     command = argv[1]
     if command == "ema":
-        from lightning.pytorch.callbacks import EMAWeightAveraging
-
         seq = steps(argv[2])
         decay, every = float(argv[4]), int(argv[5])
         start = None if argv[6] == "None" else int(argv[6])
-        rule = EMAWeightAveraging(decay=decay, update_every_n_steps=every, update_starting_at_step=start)
+        rule = lightning_ema_rule(every, start)
         model = module_of(seq[0][1])
         average = AveragedModel(model, avg_fn=get_ema_avg_fn(decay), use_buffers=True)
         updates = 0
