@@ -167,6 +167,7 @@ void EMAWeightAveraging::on_save_checkpoint(TrainerView& trainer, torch::nn::Mod
   std::map<std::string, std::size_t> index;
   for (std::size_t i = 0; i < names_.size(); ++i) index.emplace(names_[i], i);
   StateDict averaged;
+  std::size_t replaced = 0;
   for (const auto& item : current) {  // the current state's keys in its order, the average's values
     const std::string& key = item.key().toStringRef();
     const auto found = index.find(key);
@@ -175,8 +176,15 @@ void EMAWeightAveraging::on_save_checkpoint(TrainerView& trainer, torch::nn::Mod
     } else {
       const at::Tensor& saved = item.value().toTensor();
       averaged.insert(key, average_[found->second].detach().to(saved.device(), /*non_blocking=*/false, /*copy=*/true));
+      ++replaced;
     }
   }
+  // A strategy whose state names the weights otherwise would get the current weights saved as the
+  // average without a word.
+  if (replaced != names_.size())
+    throw CheckpointError("fulgur: EMAWeightAveraging found " + std::to_string(replaced) + " of the module's " +
+                          std::to_string(names_.size()) + " parameters and buffers in the checkpoint's state_dict; "
+                          "this strategy's checkpoints cannot hold the average.");
   StateDict averaging;
   averaging.insert("n_averaged", at::scalar_tensor(n_averaged_, at::kLong));
   checkpoint.insert("current_model_state", current.to_ivalue());

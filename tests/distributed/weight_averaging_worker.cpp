@@ -101,6 +101,18 @@ void ema(const std::string& name) {
   check(same(snapshot(*net), expected), name + ": the module holds the average after fit");
   check(!same(expected, steps.back().second), name + ": the average differs from the last weights");
   check(same_on_every_rank(trainer, callback.average(), name), name + ": every rank holds rank 0's average");
+  if constexpr (std::is_same_v<S, DDP>) {  // rank 0 writes the average as state_dict, Lightning's keys beside it
+    const std::string path = "/tmp/fulgur_weight_averaging_ddp.ckpt";
+    trainer.save_checkpoint(path);
+    trainer.barrier("saved");
+    const StateDict c = checkpoint::load(path);
+    check(c.contains("current_model_state") && c.contains("averaging_state"), name + ": Lightning's keys in the checkpoint");
+    const StateDict weights(c.at("state_dict").toGenericDict());
+    const auto names = weight_averaging::averaged_names(*net, true);
+    for (std::size_t i = 0; i < names.size(); ++i)
+      check(torch::equal(weights.at(names[i]).toTensor(), callback.average()[i]), name + ": state_dict holds the average");
+    trainer.barrier("checked");
+  }
 }
 
 void swa() {
