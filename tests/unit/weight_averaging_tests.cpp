@@ -1,0 +1,421 @@
+// EMAWeightAveraging, StochasticWeightAveraging, optim::SWALR and update_bn against the venv's
+// torch.optim.swa_utils and Lightning, whose values weight_averaging_reference.py computes at test
+// time from the weight sequences these runs write.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+#include "fulgur/callbacks/stochastic_weight_averaging.hpp"
+#include "fulgur/callbacks/weight_averaging.hpp"
+#include "fulgur/checkpoint/io.hpp"
+#include "fulgur/optim/swalr.hpp"
+#include "fulgur/update_bn.hpp"
+#include "unit/support.hpp"
+
+using namespace fulgur;
+
+namespace {
+
+/// Linear - BatchNorm1d - ReLU - Linear: parameters and buffers (an integer one too) to average.
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 16))),
+        bn(register_module("bn", torch::nn::BatchNorm1d(16))),
+        fc2(register_module("fc2", torch::nn::Linear(16, 3))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc2(torch::relu(bn(fc1(x)))); }
+  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+    return torch::nn::functional::cross_entropy(forward(b.input), b.target);
+  }
+  at::Tensor validation_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
+    at::Tensor loss = torch::nn::functional::cross_entropy(forward(b.input), b.target);
+    ctx.log("val_loss", loss);
+    return loss;
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+  torch::nn::Linear fc1;
+  torch::nn::BatchNorm1d bn;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(Net);
+
+using Tensors = std::vector<at::Tensor>;
+
+Tensors clones(const Tensors& tensors) {
+  Tensors out;
+  for (const auto& t : tensors) out.push_back(t.detach().clone());
+  return out;
+}
+
+Tensors module_tensors(torch::nn::Module& m) { return clones(weight_averaging::averaged_tensors(m, true)); }
+
+bool same(const Tensors& a, const Tensors& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!test::identical(a[i], b[i])) return false;
+  return true;
+}
+
+/// What the module holds after each optimizer step (global step -> tensors), and at the epochs' starts.
+struct Recorder {
+  std::vector<std::pair<std::int64_t, Tensors>>* steps = nullptr;
+  std::vector<Tensors>* epoch_starts = nullptr;
+  std::vector<double>* epoch_lrs = nullptr;
+  void on_train_batch_end(TrainerView& t, torch::nn::Module& m) {
+    if (steps != nullptr) steps->emplace_back(t.global_step(), module_tensors(m));
+  }
+  void on_train_epoch_start(TrainerView& t, torch::nn::Module& m) {
+    if (epoch_starts != nullptr) epoch_starts->push_back(clones(m.parameters()));
+    if (epoch_lrs != nullptr) epoch_lrs->push_back(t.optimizers().front().optimizer->param_groups().front().options().get_lr());
+  }
+};
+
+/// Runs weight_averaging_reference.py; throws if it fails.
+void python(const std::string& args) {
+  const std::string line = std::string(FULGUR_TEST_PYTHON) + " " + FULGUR_SOURCE_DIR +
+                           "/tests/unit/weight_averaging_reference.py " + args;
+  if (std::system(line.c_str()) != 0) throw std::runtime_error("the Python reference failed: " + line);
+}
+
+/// The recorded steps as the reference script reads them ("p:" parameters, "b:" buffers).
+void write_steps(const std::string& path, torch::nn::Module& m, const std::vector<std::pair<std::int64_t, Tensors>>& steps,
+                 bool with_buffers) {
+  const auto names = weight_averaging::averaged_names(m, true);
+  const std::size_t n_params = m.parameters().size();
+  StateDict all;
+  for (const auto& [step, tensors] : steps) {
+    StateDict one;
+    for (std::size_t i = 0; i < (with_buffers ? names.size() : n_params); ++i)
+      one.insert((i < n_params ? "p:" : "b:") + names[i], tensors[i]);
+    all.insert("step_" + std::to_string(step), one.to_ivalue());
+  }
+  checkpoint::save(path, all);
+}
+
+std::pair<data::TensorLoader, data::TensorLoader> loaders() {
+  auto [x, y] = test::classification_data(64, 3);
+  auto [vx, vy] = test::classification_data(16, 4);
+  return {data::TensorLoader(x, y, {.batch_size = 8, .shuffle = true, .seed = 11}),
+          data::TensorLoader(vx, vy, {.batch_size = 16})};
+}
+
+/// Saves a checkpoint at the end of the training batch number `at` (counted from 1 over the run).
+struct SaveAt {
+  std::int64_t at = -1;
+  std::string path;
+  Tensors* current = nullptr;  ///< the module's weights then
+  std::int64_t seen = 0;
+  void on_train_batch_end(TrainerView& trainer, torch::nn::Module& m) {
+    if (++seen != at) return;
+    if (current != nullptr) *current = module_tensors(m);
+    trainer.save_checkpoint(path);
+  }
+};
+
+const EMAWeightAveragingOptions ema_options{.decay = 0.9, .update_every_n_steps = 2, .update_starting_at_step = 3};
+
+}  // namespace
+
+TEST_CASE("EMAWeightAveraging's average equals AveragedModel with get_ema_avg_fn bit for bit", "[weight_averaging]") {
+  torch::manual_seed(1);
+  Net net;
+  auto [train, val] = loaders();
+  std::vector<std::pair<std::int64_t, Tensors>> steps;
+  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, Recorder, EMAWeightAveraging> trainer(
+      test::quiet({.max_epochs = 2}), Recorder{.steps = &steps}, EMAWeightAveraging(ema_options));
+  trainer.fit(net, train, val);
+  const EMAWeightAveraging& ema = trainer.callback<EMAWeightAveraging>();
+  REQUIRE(steps.size() == 16);
+  // Lightning's should_update: step_idx 4, 6, ..., 14 (0-based; multiples of 2 from 3 on), 6 updates.
+  CHECK(ema.n_averaged() == 6);
+
+  const std::string dir = test::scratch_folder("ema_reference");
+  write_steps(dir + "/steps.pt", *net, steps, true);
+  python("ema " + dir + "/steps.pt " + dir + "/out.pt 0.9 2 3");
+  const StateDict reference = checkpoint::load(dir + "/out.pt");
+  CHECK(reference.at("n_averaged").toTensor().item<std::int64_t>() == ema.n_averaged());
+  const auto names = weight_averaging::averaged_names(*net, true);
+  REQUIRE(names.size() == ema.average().size());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    INFO(names[i]);
+    CHECK(test::identical(ema.average()[i], reference.at(names[i]).toTensor()));
+  }
+  // After fit the module holds the average (Lightning's on_train_end), not the last weights.
+  CHECK(same(module_tensors(*net), ema.average()));
+  CHECK_FALSE(same(module_tensors(*net), steps.back().second));
+}
+
+TEST_CASE("EMAWeightAveraging validates on the averaged weights and swaps the current ones back",
+          "[weight_averaging]") {
+  // Recorder before the callback: at on_validation_epoch_start it sees the current weights (before
+  // the swap), at on_validation_epoch_end the ones validation ran on (before the swap back).
+  struct Probe {
+    std::vector<Tensors>* before;
+    std::vector<Tensors>* during;
+    void on_validation_epoch_start(TrainerView& t, torch::nn::Module& m) {
+      if (!t.sanity_checking()) before->push_back(module_tensors(m));
+    }
+    void on_validation_epoch_end(TrainerView& t, torch::nn::Module& m) {
+      if (!t.sanity_checking()) during->push_back(module_tensors(m));
+    }
+    void on_train_epoch_start(TrainerView&, torch::nn::Module& m) {
+      if (!before->empty()) CHECK(same(module_tensors(m), before->back()));  // the current weights came back
+    }
+  };
+  torch::manual_seed(2);
+  Net net;
+  auto [train, val] = loaders();
+  std::vector<Tensors> before, during;
+  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, Probe, EMAWeightAveraging> trainer(
+      test::quiet({.max_epochs = 2}), Probe{&before, &during}, EMAWeightAveraging(ema_options));
+  const FitResult result = trainer.fit(net, train, val);
+  REQUIRE(during.size() == 2);
+  for (std::size_t e = 0; e < 2; ++e) CHECK_FALSE(same(before[e], during[e]));
+  // The last validation ran on the final average, which the module holds now: its loss is val_loss.
+  const Tensors& average = trainer.callback<EMAWeightAveraging>().average();
+  CHECK(same(during.back(), average));
+  net->eval();
+  torch::NoGradGuard no_grad;
+  auto [vx, vy] = test::classification_data(16, 4);
+  const double loss = torch::nn::functional::cross_entropy(net->forward(vx), vy).item<double>();
+  CHECK(result.metrics.at("val_loss") == loss);
+}
+
+TEST_CASE("EMAWeightAveraging's checkpoint holds the average as state_dict, the current weights as "
+          "current_model_state, and a resumed fit ends bit-identical to a straight one",
+          "[weight_averaging][resume]") {
+  const std::string dir = test::scratch_folder("ema_resume");
+  auto run = [&](std::int64_t save_at, const std::string& resume, Tensors* current) {
+    torch::manual_seed(resume.empty() ? 3 : 99);  // a resumed run starts from other weights
+    Net net;
+    auto [train, val] = loaders();
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, EMAWeightAveraging, SaveAt> trainer(
+        test::quiet({.max_steps = 12, .default_root_dir = dir}), EMAWeightAveraging(ema_options),
+        SaveAt{save_at, dir + "/at.ckpt", current});
+    trainer.fit(net, train, val, FitOptions{.ckpt_path = resume});
+    return std::make_pair(module_tensors(*net), trainer.callback<EMAWeightAveraging>().n_averaged());
+  };
+  Tensors current;
+  const auto straight = run(8, "", &current);
+  // Batch 8's checkpoint: updates after global steps 5 and 7 (step_idx 4 and 6).
+  const StateDict c = checkpoint::load(dir + "/at.ckpt");
+  REQUIRE(c.contains("current_model_state"));
+  REQUIRE(c.contains("averaging_state"));
+  const StateDict weights(c.at("state_dict").toGenericDict()), now(c.at("current_model_state").toGenericDict());
+  const StateDict averaging(c.at("averaging_state").toGenericDict());
+  CHECK(averaging.at("n_averaged").toTensor().item<std::int64_t>() == 2);
+  CHECK(StateDict(StateDict(c.at("callbacks").toGenericDict()).at("EMAWeightAveraging").toGenericDict())
+            .at("latest_update_step")
+            .toInt() == 7);
+  torch::manual_seed(0);
+  Net probe;
+  const auto names = weight_averaging::averaged_names(*probe, true);
+  REQUIRE(current.size() == names.size());
+  bool differ = false;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    INFO(names[i]);
+    CHECK(test::identical(now.at(names[i]).toTensor(), current[i]));
+    differ = differ || !test::identical(weights.at(names[i]).toTensor(), current[i]);
+  }
+  CHECK(differ);  // the average is not the current weights
+
+  const auto resumed = run(-1, dir + "/at.ckpt", nullptr);
+  CHECK(resumed.second == straight.second);
+  CHECK(same(resumed.first, straight.first));
+}
+
+TEST_CASE("optim::SWALR gives torch's SWALR learning rates bit for bit", "[weight_averaging]") {
+  const std::string dir = test::scratch_folder("swalr_reference");
+  python("swalr " + dir + "/lrs.txt 0.1,0.03 0.05,0.2 cos:0,cos:1,cos:3,linear:0,linear:1,linear:3 2 9");
+  std::map<std::tuple<std::string, int, int>, double> expected;
+  std::ifstream in(dir + "/lrs.txt");
+  std::string config, value;
+  int epoch = 0, group = 0;
+  while (in >> config >> epoch >> group >> value) expected[{config, epoch, group}] = std::strtod(value.c_str(), nullptr);
+  REQUIRE(expected.size() == 6 * 18);
+  for (const std::string strategy : {"cos", "linear"}) {
+    for (const std::int64_t anneal_epochs : {0, 1, 3}) {
+      const std::string name = strategy + ":" + std::to_string(anneal_epochs);
+      INFO(name);
+      auto a = torch::zeros({1}, torch::requires_grad()), b = torch::zeros({1}, torch::requires_grad());
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      groups.emplace_back(std::vector<at::Tensor>{a}, std::make_unique<torch::optim::SGDOptions>(0.1));
+      groups.emplace_back(std::vector<at::Tensor>{b}, std::make_unique<torch::optim::SGDOptions>(0.03));
+      torch::optim::SGD sgd(std::move(groups), torch::optim::SGDOptions(0.1));
+      std::unique_ptr<optim::SWALR> scheduler;
+      for (int e = 0; e < 9; ++e) {
+        if (e == 2)  // as Lightning makes it: last_epoch = max_epochs for "cos"
+          scheduler = std::make_unique<optim::SWALR>(sgd, std::vector<double>{0.05, 0.2}, anneal_epochs, strategy,
+                                                     strategy == "cos" ? 9 : -1);
+        for (int g = 0; g < 2; ++g) {
+          INFO("epoch " << e << " group " << g);
+          CHECK(sgd.param_groups()[g].options().get_lr() == expected.at({name, e, g}));
+        }
+        if (scheduler) scheduler->step();
+      }
+    }
+  }
+}
+
+TEST_CASE("StochasticWeightAveraging: SWALR replaces the scheduler, the average equals AveragedModel's, "
+          "batch-norm statistics as update_bn recomputes them",
+          "[weight_averaging]") {
+  torch::manual_seed(4);
+  Net net;
+  auto data = loaders();
+  data::TensorLoader& train = data.first;
+  std::vector<Tensors> epoch_starts;
+  std::vector<double> lrs;
+  // The batches update_bn sees: the training loader's (shuffled as the next epoch would be).
+  std::vector<at::Tensor> bn_batches;
+  auto recompute = [&](torch::nn::Module& m) {
+    update_bn(train, m, [&](const data::Batch& batch) {
+      bn_batches.push_back(batch.input.clone());
+      net->forward(batch.input);
+    });
+  };
+  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, Recorder, StochasticWeightAveraging> trainer(
+      test::quiet({.max_epochs = 5}), Recorder{.epoch_starts = &epoch_starts},
+      StochasticWeightAveraging({.swa_lrs = {0.05}, .swa_epoch_start = std::int64_t{3}, .annealing_epochs = 2,
+                                 .update_bn = recompute}));
+  trainer.fit(net, train, data.second);
+  const StochasticWeightAveraging& swa = trainer.callback<StochasticWeightAveraging>();
+  CHECK(swa.swa_start() == 2);
+  REQUIRE(epoch_starts.size() == 5);
+  CHECK(swa.n_averaged() == 3);  // at the starts of epochs 2, 3, 4
+
+  const std::string dir = test::scratch_folder("swa_reference");
+  std::vector<std::pair<std::int64_t, Tensors>> steps;
+  for (std::size_t e = 2; e < 5; ++e) steps.emplace_back(static_cast<std::int64_t>(e), epoch_starts[e]);
+  write_steps(dir + "/steps.pt", *net, steps, false);
+  // update_bn's statistics, from the same weights and batches.
+  REQUIRE(bn_batches.size() == 8);
+  StateDict weights, input;
+  const char* python_names[] = {"0.weight", "0.bias", "1.weight", "1.bias", "3.weight", "3.bias"};
+  for (std::size_t i = 0; i < 6; ++i) weights.insert(python_names[i], net->parameters()[i].detach());
+  input.insert("weights", weights.to_ivalue());
+  input.insert("batches", c10::List<at::Tensor>(bn_batches));
+  checkpoint::save(dir + "/bn_in.pt", input);
+  python("swa " + dir + "/steps.pt " + dir + "/out.pt + update_bn " + dir + "/bn_in.pt " + dir + "/bn_out.pt");
+
+  const StateDict reference = checkpoint::load(dir + "/out.pt");
+  const auto names = weight_averaging::averaged_names(*net, false);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    INFO(names[i]);
+    CHECK(test::identical(swa.average()[i], reference.at(names[i]).toTensor()));
+    CHECK(test::identical(net->parameters()[i], reference.at(names[i]).toTensor()));  // transferred at the end
+  }
+  const StateDict bn = checkpoint::load(dir + "/bn_out.pt");
+  CHECK(test::identical(net->bn->running_mean, bn.at("running_mean").toTensor()));
+  CHECK(test::identical(net->bn->running_var, bn.at("running_var").toTensor()));
+  CHECK(test::identical(net->bn->num_batches_tracked, bn.at("num_batches_tracked").toTensor()));
+  CHECK(net->bn->options.momentum() == 0.1);  // put back
+}
+
+TEST_CASE("StochasticWeightAveraging's learning rates are Lightning's SWALR schedule", "[weight_averaging]") {
+  struct LrProbe {  // after the SWA callback: sees SWALR once installed
+    std::vector<double>* lrs;
+    void on_train_epoch_start(TrainerView& t) {
+      lrs->push_back(t.optimizers().front().optimizer->param_groups().front().options().get_lr());
+    }
+  };
+  torch::manual_seed(5);
+  test::Classifier net(8, 16, 3, /*use_sgd=*/true, /*lr=*/0.1);
+  auto [train, val] = loaders();
+  std::vector<double> lrs;
+  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, StochasticWeightAveraging, LrProbe> trainer(
+      test::quiet({.max_epochs = 7}),
+      StochasticWeightAveraging({.swa_lrs = {0.02}, .swa_epoch_start = 0.5, .annealing_epochs = 3,
+                                 .annealing_strategy = "linear"}),
+      LrProbe{&lrs});
+  trainer.fit(net, train);
+  // swa_epoch_start = int(0.5 * 7) = 3: SWA from epoch 2 (0-based).
+  const std::string dir = test::scratch_folder("swa_lrs");
+  python("swalr " + dir + "/lrs.txt 0.1 0.02 linear:3 2 7");
+  std::ifstream in(dir + "/lrs.txt");
+  int epoch = 0, group = 0;
+  std::string config, value;
+  std::vector<double> expected;
+  while (in >> config >> epoch >> group >> value) expected.push_back(std::strtod(value.c_str(), nullptr));
+  REQUIRE(expected.size() == 7);
+  CHECK(lrs == expected);
+}
+
+TEST_CASE("weight averaging refuses bad options with Lightning's and PyTorch's messages", "[weight_averaging][errors]") {
+  using test::message_of;
+  CHECK(message_of<MisconfigurationError>([] { EMAWeightAveraging({.decay = 1.5}); }) ==
+        "Invalid decay value 1.5 provided. Please provide a value in [0,1] range.");
+  CHECK(message_of<MisconfigurationError>([] { StochasticWeightAveraging({.swa_lrs = {-0.1}}); }) ==
+        "The `swa_lrs` should a positive float, or a list of positive floats");
+  CHECK(message_of<MisconfigurationError>([] { StochasticWeightAveraging({.swa_lrs = {}}); }) ==
+        "The `swa_lrs` should a positive float, or a list of positive floats");
+  CHECK(message_of<MisconfigurationError>(
+            [] { StochasticWeightAveraging({.swa_lrs = {0.1}, .swa_epoch_start = std::int64_t{0}}); }) ==
+        "swa_epoch_start should be a >0 integer or a float between 0 and 1.");
+  CHECK(message_of<MisconfigurationError>([] { StochasticWeightAveraging({.swa_lrs = {0.1}, .swa_epoch_start = 1.5}); }) ==
+        "swa_epoch_start should be a >0 integer or a float between 0 and 1.");
+  CHECK(message_of<MisconfigurationError>(
+            [] { StochasticWeightAveraging({.swa_lrs = {0.1}, .annealing_strategy = "exp"}); }) ==
+        "anneal_strategy must by one of 'cos' or 'linear', instead got exp");
+  CHECK(message_of<MisconfigurationError>([] { StochasticWeightAveraging({.swa_lrs = {0.1}, .annealing_epochs = -1}); }) ==
+        "anneal_epochs must be equal or greater than 0, got -1");
+  // A batch-norm module without a way to recompute its statistics.
+  Net net;
+  auto [train, val] = loaders();
+  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, StochasticWeightAveraging> trainer(
+      test::quiet({.max_epochs = 1}), StochasticWeightAveraging({.swa_lrs = {0.1}}));
+  CHECK_THAT(message_of<MisconfigurationError>([&] { trainer.fit(net, train); }),
+             Catch::Contains("give the `update_bn` option"));
+}
+
+TEST_CASE("StochasticWeightAveraging resumes exactly: before SWA, at an epoch's end, inside an SWA epoch",
+          "[weight_averaging][resume]") {
+  struct LrProbe {
+    std::vector<std::pair<std::int64_t, double>>* lrs;
+    void on_train_epoch_start(TrainerView& t) {
+      lrs->emplace_back(t.current_epoch(), t.optimizers().front().optimizer->param_groups().front().options().get_lr());
+    }
+  };
+  struct Run {
+    Tensors weights, average;
+    std::int64_t n_averaged = 0;
+    std::vector<std::pair<std::int64_t, double>> lrs;
+  };
+  const std::string dir = test::scratch_folder("swa_resume");
+  auto run = [&](std::int64_t save_at, const std::string& resume) {
+    torch::manual_seed(resume.empty() ? 6 : 99);
+    test::Classifier net(8, 16, 3, /*use_sgd=*/true, /*lr=*/0.1);
+    auto [train, val] = loaders();
+    Run out;
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, StochasticWeightAveraging, LrProbe, SaveAt> trainer(
+        test::quiet({.max_epochs = 6, .default_root_dir = dir}),
+        StochasticWeightAveraging({.swa_lrs = {0.02}, .swa_epoch_start = std::int64_t{3}, .annealing_epochs = 2}),
+        LrProbe{&out.lrs}, SaveAt{save_at, dir + "/at.ckpt"});
+    trainer.fit(net, train, FitOptions{.ckpt_path = resume});
+    out.weights = clones(net->parameters());
+    out.average = clones(trainer.callback<StochasticWeightAveraging>().average());
+    out.n_averaged = trainer.callback<StochasticWeightAveraging>().n_averaged();
+    return out;
+  };
+  const std::int64_t save_at = GENERATE(12, 24, 27);  // epoch 1 (before SWA), epoch 2's end, inside epoch 3
+  INFO("saved after batch " << save_at);
+  const Run straight = run(save_at, "");
+  CHECK(straight.n_averaged == 4);  // at the starts of epochs 2 to 5
+  const StateDict state(StateDict(checkpoint::load(dir + "/at.ckpt").at("callbacks").toGenericDict())
+                            .at("StochasticWeightAveraging")
+                            .toGenericDict());
+  CHECK(state.contains("n_averaged"));
+  CHECK(state.contains("latest_update_epoch"));
+  CHECK(state.at("scheduler_state").isNone() == (save_at == 12));
+  CHECK(state.at("average_model_state").isGenericDict());
+  const Run resumed = run(-1, dir + "/at.ckpt");
+  CHECK(resumed.n_averaged == straight.n_averaged);
+  CHECK(same(resumed.average, straight.average));
+  CHECK(same(resumed.weights, straight.weights));
+  for (const auto& [epoch, lr] : resumed.lrs) {
+    INFO("epoch " << epoch);
+    CHECK(lr == straight.lrs.at(static_cast<std::size_t>(epoch)).second);
+  }
+  CHECK(resumed.lrs.size() >= 3);
+}
