@@ -5,6 +5,11 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -159,6 +164,88 @@ TEST_CASE("activation_checkpoint gives the same gradients bit for bit as no chec
     CHECK_FALSE(torch::equal(run(model, x, y, Mode::plain, dtype, /*seed=*/8).grads[1], plain.grads[1]));
     check_identical(plain, run(model, x, y, Mode::function, dtype));
     check_identical(plain, run(model, x, y, Mode::policy, dtype));
+  }
+}
+
+namespace {
+/// The block of activation_checkpoint_reference.py, in the same ops.
+at::Tensor reference_block(const at::Tensor& x, const std::map<std::string, at::Tensor>& w) {
+  const at::Tensor h = at::layer_norm(x, {x.size(-1)}, w.at("ln.weight"), w.at("ln.bias"));
+  const at::Tensor mlp =
+      at::linear(at::gelu(at::linear(h, w.at("fc1.weight"), w.at("fc1.bias"))), w.at("fc2.weight"), w.at("fc2.bias"));
+  return x + at::dropout(mlp, 0.2, /*train=*/true);
+}
+std::string hex_values(const at::Tensor& t) {
+  std::string out;
+  const at::Tensor flat = t.detach().to(at::kFloat).contiguous().flatten();
+  char text[64];
+  for (std::int64_t i = 0; i < flat.numel(); ++i) {
+    std::snprintf(text, sizeof text, " %a", static_cast<double>(flat.data_ptr<float>()[i]));
+    out += text;
+  }
+  return out;
+}
+/// Values written by float.hex(), as a flat float32 tensor (exact: they were float32 values).
+at::Tensor parse_values(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<float> values;
+  std::string value;
+  while (in >> value) values.push_back(static_cast<float>(std::strtod(value.c_str(), nullptr)));
+  return torch::tensor(values, at::kFloat);
+}
+}  // namespace
+
+TEST_CASE("activation_checkpoint's gradients equal torch.utils.checkpoint's (use_reentrant=False) bit for bit, "
+          "computed by the venv's PyTorch at test time",
+          "[activation_checkpoint]") {
+  torch::manual_seed(0);
+  std::map<std::string, at::Tensor> weights{{"ln.weight", 1 + 0.1 * torch::randn({16})},
+                                            {"ln.bias", 0.1 * torch::randn({16})},
+                                            {"fc1.weight", 0.25 * torch::randn({64, 16})},
+                                            {"fc1.bias", 0.1 * torch::randn({64})},
+                                            {"fc2.weight", 0.125 * torch::randn({16, 64})},
+                                            {"fc2.bias", 0.1 * torch::randn({16})}};
+  const at::Tensor x = torch::randn({12, 16});
+  const std::string dir = test::temporary_directory("activation_checkpoint_reference");
+  {
+    std::ofstream in(dir + "/in.txt");
+    auto write = [&](const std::string& key, const at::Tensor& t) {
+      std::string shape;
+      for (const auto d : t.sizes()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+      in << key << " " << shape << hex_values(t) << "\n";
+    };
+    for (const auto& [key, t] : weights) write(key, t);
+    write("x", x);
+  }
+  const std::string command = std::string(FULGUR_TEST_PYTHON) + " " + FULGUR_SOURCE_DIR +
+                              "/tests/unit/activation_checkpoint_reference.py " + dir + "/in.txt " + dir + "/out.txt";
+  REQUIRE(std::system(command.c_str()) == 0);
+  std::map<std::string, std::string> python;  // "<precision> <key>" -> its values, as written
+  {
+    std::ifstream out(dir + "/out.txt");
+    std::string precision, key, rest;
+    while (out >> precision >> key && std::getline(out, rest)) python[precision + " " + key] = rest;
+  }
+  for (auto& [key, t] : weights) t.requires_grad_();
+  for (const auto& [name, dtype] : {std::pair<const char*, std::optional<at::ScalarType>>{"32-true", std::nullopt},
+                                    {"bf16-mixed", at::kBFloat16},
+                                    {"16-mixed", at::kHalf}}) {
+    INFO(name);
+    for (auto& [key, t] : weights) t.mutable_grad() = at::Tensor();
+    const at::Tensor xi = x.clone().requires_grad_();
+    torch::manual_seed(7);
+    at::Tensor y;
+    {
+      std::optional<AutocastGuard> region;
+      if (dtype) region.emplace(c10::DeviceType::CPU, *dtype);
+      y = activation_checkpoint([&](const at::Tensor& t) { return reference_block(t, weights); }, xi);
+    }
+    y.to(at::kFloat).pow(2).sum().backward();
+    for (const auto& [key, t] : weights) {
+      INFO(key);
+      CHECK(torch::equal(t.grad().flatten(), parse_values(python.at(std::string(name) + " " + key))));
+    }
+    CHECK(torch::equal(xi.grad().flatten(), parse_values(python.at(std::string(name) + " x"))));
   }
 }
 
