@@ -81,7 +81,7 @@ class Restored {
     for (const auto& a : forward.autocast) autocast_.emplace_back(a.type, a.dtype, a.enabled, forward.autocast_cache);
   }
   ~Restored() {
-    autocast_.clear();
+    while (!autocast_.empty()) autocast_.pop_back();  // closed in reverse: each puts back the cache flag it found
     ForwardState::set_state(at::detail::getDefaultCPUGenerator(), cpu_rng_);
     for (const auto& [device, state] : device_rng_) ForwardState::set_state(at::globalContext().defaultGenerator(device), state);
   }

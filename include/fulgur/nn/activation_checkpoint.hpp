@@ -35,23 +35,24 @@ inline constexpr bool is_tensor_v = std::is_same_v<std::remove_cvref_t<T>, at::T
 
 template <class R>
 struct CheckpointOutput {
-  static_assert(sizeof(R) == 0,
-                "fulgur::activation_checkpoint: fn must return an at::Tensor, a std::tuple of at::Tensor or a "
-                "std::vector<at::Tensor>");
+  static constexpr bool valid = false;
 };
 template <>
 struct CheckpointOutput<at::Tensor> {
+  static constexpr bool valid = true;
   static std::vector<at::Tensor> flatten(at::Tensor t) { return {std::move(t)}; }
   static at::Tensor rebuild(std::vector<at::Tensor>&& v) { return std::move(v[0]); }
 };
 template <>
 struct CheckpointOutput<std::vector<at::Tensor>> {
+  static constexpr bool valid = true;
   static std::vector<at::Tensor> flatten(std::vector<at::Tensor> v) { return v; }
   static std::vector<at::Tensor> rebuild(std::vector<at::Tensor>&& v) { return std::move(v); }
 };
 template <class... Ts>
   requires(std::is_same_v<Ts, at::Tensor> && ...)
 struct CheckpointOutput<std::tuple<Ts...>> {
+  static constexpr bool valid = true;
   static std::vector<at::Tensor> flatten(std::tuple<Ts...> t) {
     return std::apply([](auto&&... x) { return std::vector<at::Tensor>{std::move(x)...}; }, std::move(t));
   }
@@ -70,35 +71,48 @@ constexpr std::size_t tensor_index(std::size_t i) {
   return n;
 }
 
+template <class>
+inline constexpr bool refused_checkpoint_use = false;
+
 template <class Fn, class... Args>
 auto checkpoint_call(const std::vector<at::Tensor>* params, Fn&& fn, Args&&... args) {
   using Result = std::remove_cvref_t<std::invoke_result_t<Fn&, Args&...>>;
   using Output = CheckpointOutput<Result>;
-  static_assert((std::is_copy_constructible_v<std::decay_t<Args>> && ...),
-                "fulgur::activation_checkpoint: fn runs again in backward, so every argument is kept until then "
-                "(copied): pass arguments that can be copied (a pointer or std::ref for the others)");
-  std::vector<at::Tensor> inputs;
-  inputs.reserve(sizeof...(Args));
-  (
-      [&](const auto& a) {
-        if constexpr (is_tensor_v<decltype(a)>) inputs.push_back(a);
-      }(args),
-      ...);
-  // The tensors are given anew at each call (the forward's, then the recomputation's leaves); the other
-  // arguments are kept by value for the recomputation, as Python keeps references to them.
-  CheckpointBody body = [fn = std::decay_t<Fn>(std::forward<Fn>(fn)),
-                         kept = std::tuple<std::decay_t<Args>...>(args...)](const std::vector<at::Tensor>& tensors) mutable {
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      auto pick = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) -> decltype(auto) {
-        if constexpr (is_tensor_v<std::tuple_element_t<J, std::tuple<Args...>>>)
-          return static_cast<const at::Tensor&>(tensors[tensor_index<Args...>(J)]);
-        else
-          return static_cast<std::tuple_element_t<J, std::tuple<std::decay_t<Args>...>>&>(std::get<J>(kept));
-      };
-      return Output::flatten(std::invoke(fn, pick(std::integral_constant<std::size_t, I>{})...));
-    }(std::index_sequence_for<Args...>{});
-  };
-  return Output::rebuild(checkpoint_tensors(std::move(body), std::move(inputs), params));
+  if constexpr (!Output::valid) {
+    static_assert(refused_checkpoint_use<Result>,
+                  "fulgur::activation_checkpoint: fn must return an at::Tensor, a std::tuple of at::Tensor or a "
+                  "std::vector<at::Tensor>");
+    if constexpr (std::is_default_constructible_v<Result>) return Result{};  // no second error at the caller
+  } else if constexpr (!(std::is_copy_constructible_v<std::decay_t<Args>> && ...)) {
+    static_assert(refused_checkpoint_use<Result>,
+                  "fulgur::activation_checkpoint: fn runs again in backward, so every argument is kept until then "
+                  "(copied): pass arguments that can be copied (a pointer or std::ref for the others)");
+    return Result{};
+  } else {
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(sizeof...(Args));
+    (
+        [&](const auto& a) {
+          if constexpr (is_tensor_v<decltype(a)>) inputs.push_back(a);
+        }(args),
+        ...);
+    // The tensors are given anew at each call (the forward's, then the recomputation's leaves); the other
+    // arguments are kept by value for the recomputation, as Python keeps references to them.
+    CheckpointBody body = [fn = std::decay_t<Fn>(std::forward<Fn>(fn)),
+                           kept = std::tuple<std::decay_t<Args>...>(args...)](
+                              const std::vector<at::Tensor>& tensors) mutable {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        auto pick = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) -> decltype(auto) {
+          if constexpr (is_tensor_v<std::tuple_element_t<J, std::tuple<Args...>>>)
+            return static_cast<const at::Tensor&>(tensors[tensor_index<Args...>(J)]);
+          else
+            return static_cast<std::tuple_element_t<J, std::tuple<std::decay_t<Args>...>>&>(std::get<J>(kept));
+        };
+        return Output::flatten(std::invoke(fn, pick(std::integral_constant<std::size_t, I>{})...));
+      }(std::index_sequence_for<Args...>{});
+    };
+    return Output::rebuild(checkpoint_tensors(std::move(body), std::move(inputs), params));
+  }
 }
 
 }  // namespace detail
