@@ -213,6 +213,13 @@ std::vector<at::Tensor> checkpoint_tensors(CheckpointBody body, std::vector<at::
     outputs = body(leaves);
     params = parameters_read(outputs, leaves, first);
   }
+  // Which outputs get a gradient edge: with the forward's graph, those that required grad in it (as
+  // Python's, an output that depends on nothing differentiable does not require grad); without, every
+  // floating-point one.
+  std::vector<bool> differentiable(outputs.size());
+  for (std::size_t k = 0; k < outputs.size(); ++k)
+    differentiable[k] = outputs[k].defined() && torch::autograd::isDifferentiableType(outputs[k].scalar_type()) &&
+                        (given_params != nullptr || outputs[k].requires_grad());
   bool any_input = false;
   for (const at::Tensor& t : inputs) any_input = any_input || (t.defined() && t.requires_grad());
   for (at::Tensor& out : outputs)
@@ -230,10 +237,11 @@ std::vector<at::Tensor> checkpoint_tensors(CheckpointBody body, std::vector<at::
     node->input_requires_grad.push_back(t.defined() && t.requires_grad());
   }
   node->params = std::move(params);
-  for (at::Tensor& out : outputs) {
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    at::Tensor& out = outputs[k];
     node->output_shapes.push_back({out.defined() ? out.scalar_type() : at::kFloat,
                                    out.defined() ? out.sizes().vec() : std::vector<std::int64_t>{}});
-    if (out.defined() && torch::autograd::isDifferentiableType(out.scalar_type()))
+    if (differentiable[k])
       torch::autograd::set_history(out, node);
     else
       node->add_input_metadata(Node::undefined_input());

@@ -303,6 +303,12 @@ TEST_CASE("activation_checkpoint: several inputs and outputs, non-tensor argumen
   CHECK(calls == 2);  // the forward, then the recomputation in backward
   for (std::size_t i = 0; i < plain.size(); ++i) CHECK(torch::equal(plain[i], checkpointed[i]));
 
+  // An output that depends on nothing differentiable does not require grad, as in Python.
+  const auto [mixed, count] = activation_checkpoint(
+      [&](const at::Tensor& p) { return std::make_tuple(layer(p), torch::ones({1}) * p.size(0)); }, a);
+  CHECK(mixed.requires_grad());
+  CHECK_FALSE(count.requires_grad());
+
   // A std::vector of outputs, one of them unused by the loss.
   auto halves = [](const at::Tensor& t) { return t.chunk(2, 1); };
   a.mutable_grad() = at::Tensor();
