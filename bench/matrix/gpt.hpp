@@ -6,6 +6,7 @@
 // vocabulary 50304). bench/compare/compare.py builds the same network in Python, under the same parameter
 // names (blocks "block1".."blockN", in that order).
 #include <fulgur/fulgur.hpp>
+#include <fulgur/nn/activation_checkpointing.hpp>
 #include <torch/torch.h>
 
 #include <string>
@@ -67,7 +68,7 @@ struct GptImpl : torch::nn::Module {
   }
   at::Tensor training_step(const data::Batch& b, std::int64_t) {
     at::Tensor x = tokens(b.input) + positions.narrow(0, 0, b.input.size(1));
-    for (Block& block : blocks) x = block(x);
+    for (Block& block : blocks) x = checkpointing(block, x);
     const at::Tensor logits = head(ln(x));
     at::Tensor loss =
         torch::nn::functional::cross_entropy(logits.reshape({-1, options.vocab}), b.target.reshape({-1}));
@@ -83,6 +84,7 @@ struct GptImpl : torch::nn::Module {
   std::vector<Block> blocks;  // registered as block1..blockN
   torch::nn::LayerNorm ln;
   torch::nn::Linear head;
+  ActivationCheckpointing checkpointing;  // none by default; bench_activation_checkpoint: by_type<Block>()
   bool record_losses = false;  // bench/compare: each step's loss, read after the run
   std::vector<at::Tensor> losses;
 };
