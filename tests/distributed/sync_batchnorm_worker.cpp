@@ -238,6 +238,24 @@ void fit() {
     check(sync && sync->training_forwards() == epochs * N / (world * B), "sync_batchnorm: the SyncBatchNorm ran each step");
     compare(*model, "DDP + sync_batchnorm");
   }
+  // The sharded strategies: the switch converts at their set-up too (stage 3: BatchNorm's weight
+  // gathered with its unit, a Linear's own unit here).
+  auto sharded = [&]<int Stage>(auto options, const std::string& what) {
+    torch::manual_seed(3);
+    SeqNet model;
+    options.sync_batchnorm = true;
+    options.timeout = worker::options().timeout;
+    Trainer<CPUAccelerator, ShardedStrategy<Stage, backend::Gloo>, FloatPrecision> trainer(config, options);
+    data::TensorLoader loader(x, y, {.batch_size = B, .shuffle = true, .seed = 9});
+    trainer.fit(model, loader);
+    check(model->body[1]->as<nn::SyncBatchNormImpl>() != nullptr, what + ": converted");
+    compare(*model, what + " + sync_batchnorm");
+  };
+  sharded.operator()<2>(DDPOptions{}, "ShardedStrategy<2>");
+  FSDPOptions fsdp;
+  fsdp.auto_wrap = WrapPolicy::by_type<torch::nn::Linear>();
+  sharded.operator()<3>(fsdp, "ShardedStrategy<3>");
+
   {  // SyncBatchNorm declared in the model: synchronised under DDP without the switch.
     auto model = std::make_shared<TypedNetImpl<nn::SyncBatchNorm>>();
     torch::manual_seed(3);
