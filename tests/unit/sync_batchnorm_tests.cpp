@@ -10,6 +10,7 @@
 #include <fulgur/nn/sync_batchnorm.hpp>
 
 #include <barrier>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -258,4 +259,26 @@ TEST_CASE("SyncBatchNorm names bad input", "[sync_batchnorm]") {
   CHECK_THROWS_WITH(bn(torch::randn({1, 3})), Catch::Contains("Expected more than 1 value per channel when training"));
   bn->eval();
   CHECK_NOTHROW(bn(torch::randn({1, 3})));
+}
+
+TEST_CASE("SyncBatchNorm loads what BatchNorm2d saved, and the other way", "[sync_batchnorm]") {
+  torch::nn::BatchNorm2d bn(3);
+  SyncBatchNorm sync(3);
+  same_state(sync, bn);  // random state in sync; bn gets a copy, then is overwritten by the load below
+  bn->num_batches_tracked.fill_(5);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : bn->parameters()) p.mul_(2);
+  }
+  std::stringstream saved;
+  torch::save(bn, saved);
+  torch::load(sync, saved);
+  for (const auto& item : bn->named_parameters()) CHECK(sync->named_parameters()[item.key()].equal(item.value()));
+  for (const auto& item : bn->named_buffers()) CHECK(sync->named_buffers()[item.key()].equal(item.value()));
+  std::stringstream back;
+  torch::save(sync, back);
+  torch::nn::BatchNorm2d again(3);
+  torch::load(again, back);
+  CHECK(again->weight.equal(bn->weight));
+  CHECK(again->num_batches_tracked.item<int64_t>() == 5);
 }
