@@ -149,8 +149,8 @@ bool is_batchnorm(const torch::nn::Module& module) {
 // A SyncBatchNorm holding `bn`'s tensors, options and mode.
 template <class BatchNormImpl>
 std::shared_ptr<SyncBatchNormImpl> make_sync(const BatchNormImpl& bn) {
-  auto sync = std::make_shared<SyncBatchNormImpl>(bn.options);
-  sync->share_state(bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.num_batches_tracked);
+  auto sync = std::make_shared<SyncBatchNormImpl>(bn.options, bn.weight, bn.bias, bn.running_mean, bn.running_var,
+                                                  bn.num_batches_tracked);
   sync->train(bn.is_training());
   return sync;
 }
@@ -196,22 +196,51 @@ void replace_in_container(torch::nn::Module& parent, const std::shared_ptr<torch
 
 }  // namespace
 
-SyncBatchNormImpl::SyncBatchNormImpl(const SyncBatchNormOptions& options) : NormImplBase(options) {}
+SyncBatchNormImpl::SyncBatchNormImpl(const SyncBatchNormOptions& options_) : options(options_) { reset(); }
 
-void SyncBatchNormImpl::share_state(const at::Tensor& weight_, const at::Tensor& bias_, const at::Tensor& running_mean_,
-                                    const at::Tensor& running_var_, const at::Tensor& num_batches_tracked_) {
-  parameters_["weight"] = weight = weight_;
-  parameters_["bias"] = bias = bias_;
-  // Module's buffer registry cannot be re-pointed: the buffers alias the same storage instead.
-  at::NoGradGuard no_grad;
-  if (running_mean_.defined()) {
-    running_mean.set_(running_mean_);
-    running_var.set_(running_var_);
-    num_batches_tracked.set_(num_batches_tracked_);
-  }
+SyncBatchNormImpl::SyncBatchNormImpl(const SyncBatchNormOptions& options_, const at::Tensor& weight_,
+                                     const at::Tensor& bias_, const at::Tensor& running_mean_,
+                                     const at::Tensor& running_var_, const at::Tensor& num_batches_tracked_)
+    : options(options_) {
+  register_state(weight_, bias_, running_mean_, running_var_, num_batches_tracked_);
 }
 
-void SyncBatchNormImpl::_check_input_dim(const at::Tensor& input) {
+void SyncBatchNormImpl::register_state(const at::Tensor& weight_, const at::Tensor& bias_,
+                                       const at::Tensor& running_mean_, const at::Tensor& running_var_,
+                                       const at::Tensor& num_batches_tracked_) {
+  weight = register_parameter("weight", weight_, weight_.defined() && weight_.requires_grad());
+  bias = register_parameter("bias", bias_, bias_.defined() && bias_.requires_grad());
+  running_mean = register_buffer("running_mean", running_mean_);
+  running_var = register_buffer("running_var", running_var_);
+  num_batches_tracked = register_buffer("num_batches_tracked", num_batches_tracked_);
+}
+
+void SyncBatchNormImpl::reset() {
+  const int64_t n = options.num_features();
+  const bool affine = options.affine(), track = options.track_running_stats();
+  register_state(affine ? at::empty({n}).requires_grad_() : at::Tensor(),
+                 affine ? at::empty({n}).requires_grad_() : at::Tensor(), track ? at::zeros({n}) : at::Tensor(),
+                 track ? at::ones({n}) : at::Tensor(), track ? at::zeros({}, at::kLong) : at::Tensor());
+  reset_parameters();
+}
+
+void SyncBatchNormImpl::reset_running_stats() {
+  if (!options.track_running_stats()) return;
+  at::NoGradGuard no_grad;
+  running_mean.zero_();
+  running_var.fill_(1);
+  num_batches_tracked.zero_();
+}
+
+void SyncBatchNormImpl::reset_parameters() {
+  reset_running_stats();
+  if (!options.affine()) return;
+  at::NoGradGuard no_grad;
+  weight.fill_(1);
+  bias.zero_();
+}
+
+void SyncBatchNormImpl::check_input(const at::Tensor& input) const {
   if (input.dim() < 2)
     throw MisconfigurationError("SyncBatchNorm: expected at least 2D input (got " + std::to_string(input.dim()) +
                                 "D input)");
@@ -224,7 +253,7 @@ void SyncBatchNormImpl::_check_input_dim(const at::Tensor& input) {
 }
 
 at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
-  _check_input_dim(input);
+  check_input(input);
   double factor = options.momentum().value_or(0.0);
   if (is_training() && options.track_running_stats()) {
     num_batches_tracked += 1;

@@ -191,8 +191,8 @@ TEST_CASE("convert_sync_batchnorm keeps the tensors and modes in Sequential, Mod
   REQUIRE(sync != nullptr);
   CHECK(model->named_children()["1"].get() == sync);  // the registry and the list agree
   CHECK(sync->weight.unsafeGetTensorImpl() == weight.unsafeGetTensorImpl());  // the same tensors
-  CHECK(sync->running_mean.data_ptr() == running_mean.data_ptr());  // buffers: the same storage
-  CHECK(sync->num_batches_tracked.data_ptr() == counter.data_ptr());
+  CHECK(sync->running_mean.unsafeGetTensorImpl() == running_mean.unsafeGetTensorImpl());
+  CHECK(sync->num_batches_tracked.unsafeGetTensorImpl() == counter.unsafeGetTensorImpl());
   CHECK_FALSE(sync->weight.requires_grad());
   CHECK(sync->bias.requires_grad());
   CHECK_FALSE(sync->is_training());
@@ -216,7 +216,7 @@ TEST_CASE("convert_sync_batchnorm keeps the tensors and modes in Sequential, Mod
   REQUIRE(converted_sync != nullptr);
   CHECK_FALSE(converted_sync->options.momentum().has_value());
   CHECK_FALSE(converted_sync->weight.defined());
-  CHECK(converted_sync->running_var.data_ptr() == alone->running_var.data_ptr());
+  CHECK(converted_sync->running_var.unsafeGetTensorImpl() == alone->running_var.unsafeGetTensorImpl());
 }
 
 namespace {

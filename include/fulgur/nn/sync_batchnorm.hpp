@@ -11,7 +11,7 @@
 // Parameters and buffers are named as BatchNorm's (and torch's), so state dicts load either way.
 #include <ATen/core/Tensor.h>
 #include <torch/nn/cloneable.h>
-#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/batchnorm.h>  // BatchNorm1d/2d/3d, what conversion replaces
 #include <torch/nn/options/batchnorm.h>
 #include <torch/nn/pimpl.h>
 
@@ -39,13 +39,22 @@ class BatchNormSyncGroup {
 /// average, as momentum=None), affine, track_running_stats.
 using SyncBatchNormOptions = torch::nn::BatchNormOptions;
 
-class SyncBatchNormImpl : public torch::nn::NormImplBase<1, SyncBatchNormImpl, SyncBatchNormOptions> {
+class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
  public:
   explicit SyncBatchNormImpl(int64_t num_features) : SyncBatchNormImpl(SyncBatchNormOptions(num_features)) {}
   explicit SyncBatchNormImpl(const SyncBatchNormOptions& options);
+  /// Registers these very tensors as its weight, bias and buffers (undefined where absent), as
+  /// conversion does: shared with the BatchNorm it replaces, as torch.nn.SyncBatchNorm.convert_sync_batchnorm.
+  SyncBatchNormImpl(const SyncBatchNormOptions& options, const at::Tensor& weight, const at::Tensor& bias,
+                    const at::Tensor& running_mean, const at::Tensor& running_var,
+                    const at::Tensor& num_batches_tracked);
 
   /// input: (N, C, ...) with C = num_features.
   at::Tensor forward(const at::Tensor& input);
+  /// Fresh parameters and buffers, as BatchNorm's (weight 1, bias 0, mean 0, var 1, count 0).
+  void reset() override;
+  void reset_running_stats();
+  void reset_parameters();
   void pretty_print(std::ostream& stream) const override;
 
   /// The group the training forward reduces over (null, or one of one rank: none, as BatchNorm).
@@ -53,14 +62,14 @@ class SyncBatchNormImpl : public torch::nn::NormImplBase<1, SyncBatchNormImpl, S
   const std::shared_ptr<BatchNormSyncGroup>& sync_group() const { return group_; }
   /// Training forwards run since construction (tests read it).
   int64_t training_forwards() const { return training_forwards_; }
-  /// Holds these very parameters, and buffers on the same storage (conversion: shared with the BatchNorm).
-  void share_state(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& running_mean,
-                   const at::Tensor& running_var, const at::Tensor& num_batches_tracked);
 
- protected:
-  void _check_input_dim(const at::Tensor& input) override;
+  SyncBatchNormOptions options;
+  at::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 
  private:
+  void check_input(const at::Tensor& input) const;
+  void register_state(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& running_mean,
+                      const at::Tensor& running_var, const at::Tensor& num_batches_tracked);
   std::shared_ptr<BatchNormSyncGroup> group_;
   int64_t training_forwards_ = 0;
 };
@@ -70,8 +79,8 @@ TORCH_MODULE(SyncBatchNorm);
 int attach_sync_group(torch::nn::Module& module, const std::shared_ptr<BatchNormSyncGroup>& group);
 
 /// torch.nn.SyncBatchNorm.convert_sync_batchnorm: every BatchNorm1d/2d/3d in `module` becomes a
-/// SyncBatchNorm holding the same weight and bias (the same tensors: optimizers keep working,
-/// requires_grad stays) and buffers on the same storage; the training mode stays. A BatchNorm given as `module` is returned
+/// SyncBatchNorm holding the same weight, bias and buffers (the same tensors, as torch: optimizers
+/// keep working, requires_grad stays) in the same training mode. A BatchNorm given as `module` is returned
 /// replaced; otherwise `module` is converted in place and returned.
 ///
 /// LibTorch calls children through what holds them, not through the registry: a BatchNorm inside
