@@ -9,11 +9,32 @@
 
 #include "fulgur/checkpoint/io.hpp"
 #include "fulgur/errors.hpp"
+#include "fulgur/nn/sync_batchnorm.hpp"
 #include "src/distributed/launcher.hpp"
 #include "src/distributed/process_group.hpp"
 #include "src/distributed/reducer.hpp"
 
 namespace fulgur::distributed {
+
+namespace {
+// The process group as SyncBatchNorm sees it; cut off when the DataParallel goes (a module that
+// outlives the run then normalises as BatchNorm).
+class SyncGroup final : public nn::BatchNormSyncGroup {
+ public:
+  explicit SyncGroup(ProcessGroup& group) : group_(&group) {}
+  int world_size() const override { return group_ ? group_->size() : 1; }
+  at::Tensor all_gather(const at::Tensor& tensor) override { return at::stack(group().all_gather(tensor)); }
+  void all_reduce_sum(const at::Tensor& tensor) override { group().all_reduce(tensor, ReduceOp::sum); }
+  void detach() { group_ = nullptr; }
+
+ private:
+  ProcessGroup& group() {
+    if (!group_) throw MisconfigurationError("SyncBatchNorm: the strategy's process group is gone (teardown).");
+    return *group_;
+  }
+  ProcessGroup* group_;
+};
+}  // namespace
 
 struct DataParallel::State {
   DDPOptions options;
@@ -21,6 +42,7 @@ struct DataParallel::State {
   c10::Device device{c10::kCPU};
   std::unique_ptr<ProcessGroup> group;
   std::unique_ptr<GradientReducer> reducer;  // declared after the group: destroyed before it (its hooks first)
+  std::shared_ptr<SyncGroup> sync_group;     // given to the model's SyncBatchNorm layers
 };
 
 DataParallel::DataParallel(const ParallelDevices& parallel, const DDPOptions& options) : state_(std::make_unique<State>()) {
@@ -44,7 +66,9 @@ DataParallel::DataParallel(const ParallelDevices& parallel, const DDPOptions& op
   s.device = parallel.devices[static_cast<std::size_t>(env.local_rank)];
 }
 
-DataParallel::~DataParallel() = default;
+DataParallel::~DataParallel() {
+  if (state_->sync_group) state_->sync_group->detach();
+}
 
 c10::Device DataParallel::device() const { return state_->device; }
 const ClusterEnvironment& DataParallel::environment() const { return state_->env; }
@@ -57,6 +81,7 @@ void DataParallel::connect(DDPBackend backend) {
                            : s.device.is_cuda()         ? BackendKind::nccl
                                                          : BackendKind::gloo;
   s.group = std::make_unique<ProcessGroup>(kind, s.env, s.options.timeout, s.device);
+  s.sync_group = std::make_shared<SyncGroup>(*s.group);
 }
 
 ProcessGroup& DataParallel::group() {
@@ -66,6 +91,10 @@ ProcessGroup& DataParallel::group() {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> DataParallel::broadcast_module(torch::nn::Module& module) {
+  // Lightning's sync_batchnorm: converted at set-up, before the parameters are listed (they stay the
+  // same tensors); every SyncBatchNorm, converted or declared, then reduces over this group.
+  if (state_->options.sync_batchnorm) nn::convert_sync_batchnorm_children(module);
+  if (state_->sync_group) nn::attach_sync_group(module, state_->sync_group);
   at::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> named;
   std::vector<const void*> seen;

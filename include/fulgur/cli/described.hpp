@@ -104,7 +104,8 @@ struct describe<DDPOptions> {
         field("find_unused_parameters", &O::find_unused_parameters, "allow parameters without gradient (false: an error naming them)"),
         field("first_bucket_bytes", &O::first_bucket_bytes, "bytes of the first gradient bucket, sent early"),
         field("bucket_bytes", &O::bucket_bytes, "bytes per gradient bucket"),
-        field("timeout", &O::timeout, "every collective and the rendezvous"));
+        field("timeout", &O::timeout, "every collective and the rendezvous"),
+        field("sync_batchnorm", &O::sync_batchnorm, "BatchNorm layers become SyncBatchNorm at set-up"));
   }
 };
 
@@ -115,7 +116,8 @@ struct describe<FSDPOptions> {
     return std::tuple(
         field("state_dict_type", &O::state_dict_type, "checkpoint weights as per-rank shards or whole tensors"),
         field("find_unused_parameters", &O::find_unused_parameters, "allow parameters without gradient"),
-        field("timeout", &O::timeout, "every collective and the rendezvous"));
+        field("timeout", &O::timeout, "every collective and the rendezvous"),
+        field("sync_batchnorm", &O::sync_batchnorm, "BatchNorm layers become SyncBatchNorm at set-up"));
   }
 };
 

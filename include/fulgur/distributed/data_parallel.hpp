@@ -35,6 +35,9 @@ struct DDPOptions {
   std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< the first gradient bucket, sent early
   std::size_t bucket_bytes = std::size_t{25} << 20;
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< every collective and the rendezvous
+  /// Lightning's Trainer(sync_batchnorm=True): at set-up, the model's BatchNorm1d/2d/3d become
+  /// fulgur::nn::SyncBatchNorm (nn/sync_batchnorm.hpp; one held by a typed member is refused, named).
+  bool sync_batchnorm = false;
 };
 
 /// The communication backend a data-parallel strategy asks for.

@@ -96,9 +96,11 @@ struct FSDPOptions {
   distributed::ParameterInit param_init = distributed::reset_builtin_parameters;
   bool find_unused_parameters = false;
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  ///< every collective and the rendezvous
+  bool sync_batchnorm = false;  ///< as DDPOptions::sync_batchnorm
   operator DDPOptions() const {
     DDPOptions o;
     o.find_unused_parameters = find_unused_parameters;
+    o.sync_batchnorm = sync_batchnorm;
     o.timeout = timeout;
     return o;
   }
