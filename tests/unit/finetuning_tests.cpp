@@ -192,12 +192,13 @@ struct FinetuneNetImpl : torch::nn::Module {
     std::vector<at::Tensor> trainable;
     for (auto& p : parameters())
       if (p.requires_grad()) trainable.push_back(p);
-    if (use_adam) return std::make_unique<torch::optim::Adam>(trainable, 0.1);
+    if (optimizer == 1) return std::make_unique<torch::optim::Adam>(trainable, 0.1);
+    if (optimizer == 2) return std::make_unique<optim::FusedAdam>(trainable, torch::optim::AdamOptions(0.1));
     return std::make_unique<torch::optim::SGD>(trainable, torch::optim::SGDOptions(0.1).momentum(0.9));
   }
   torch::nn::Sequential backbone;
   torch::nn::Linear head;
-  bool use_adam = false;
+  int optimizer = 0;  // SGD, Adam, FusedAdam
 };
 TORCH_MODULE(FinetuneNet);
 
@@ -299,12 +300,12 @@ TEST_CASE("BackboneFinetuning: the backbone is frozen before its epoch and train
 TEST_CASE("BackboneFinetuning: a fit resumed after the unfreeze, inside an epoch, ends bit-identical",
           "[finetuning][backbone][checkpoint]") {
   const std::string folder = test::scratch_folder("backbone_resume");
-  for (const bool adam : {false, true}) {
-    INFO("adam " << adam);
+  for (const int optimizer : {0, 1, 2}) {
+    INFO("optimizer " << optimizer << " (SGD, Adam, FusedAdam)");
     const auto run = [&](bool save, const std::string& resume) {
       torch::manual_seed(0);
       FinetuneNet net;
-      net->use_adam = adam;
+      net->optimizer = optimizer;
       test::CpuTrainer<FloatPrecision, BackboneFinetuning, SaveAt, Observer> trainer(
           test::quiet({.max_epochs = 5}), BackboneFinetuning({.unfreeze_backbone_at_epoch = 1}),
           SaveAt{save ? 2 : -1, 1, folder + "/mid.ckpt"}, Observer{});
