@@ -5,9 +5,10 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/optim/optimizer.h>
 
+#include <charconv>
 #include <cmath>
-#include <iomanip>
-#include <sstream>
+#include <cstdio>
+#include <cstdlib>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -66,10 +67,41 @@ void freeze(torch::nn::Module& root, bool train_bn, Momenta& momenta) {
   }
 }
 
+// Python's repr of a float: the shortest digits that read back, fixed or with an exponent as
+// Python chooses (exponent below -4 or from 16 on), "x.0" for integral values.
+std::string python_repr(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  if (value == 0.0) return std::signbit(value) ? "-0.0" : "0.0";
+  char buffer[64];
+  const auto end = std::to_chars(buffer, buffer + sizeof buffer, std::fabs(value), std::chars_format::scientific).ptr;
+  const std::string text(buffer, end);
+  const auto e = text.find('e');
+  const int exponent = std::stoi(text.substr(e + 1));
+  std::string digits;
+  for (char c : text.substr(0, e))
+    if (c != '.') digits += c;
+  std::string out;
+  if (exponent < -4 || exponent >= 16) {
+    out = digits.substr(0, 1) + (digits.size() > 1 ? "." + digits.substr(1) : "");
+    char suffix[16];
+    std::snprintf(suffix, sizeof suffix, "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
+    out += suffix;
+  } else if (exponent < 0) {
+    out = "0." + std::string(static_cast<std::size_t>(-exponent - 1), '0') + digits;
+  } else if (digits.size() <= static_cast<std::size_t>(exponent) + 1) {
+    out = digits + std::string(static_cast<std::size_t>(exponent) + 1 - digits.size(), '0') + ".0";
+  } else {
+    out = digits.substr(0, static_cast<std::size_t>(exponent) + 1) + "." + digits.substr(static_cast<std::size_t>(exponent) + 1);
+  }
+  return value < 0 ? "-" + out : out;
+}
+
+// Python's round(value, digits) (correctly rounded, as printf's %.*f), then its repr: Lightning's log line.
 std::string rounded(double value, int digits) {
-  std::ostringstream out;
-  out << std::setprecision(15) << std::round(value * std::pow(10.0, digits)) / std::pow(10.0, digits);
-  return out.str();
+  char buffer[512];
+  std::snprintf(buffer, sizeof buffer, "%.*f", digits, value);
+  return python_repr(std::strtod(buffer, nullptr));
 }
 
 }  // namespace
@@ -83,6 +115,9 @@ BackboneFinetuning::BackboneFinetuning(BackboneFinetuningOptions options) : opti
     throw MisconfigurationError("fulgur: BackboneFinetuning: backbone_initial_lr must be > 0.");
   if (!options_.backbone_initial_lr && !(options_.backbone_initial_ratio_lr > 0.0))
     throw MisconfigurationError("fulgur: BackboneFinetuning: backbone_initial_ratio_lr must be > 0.");
+  if (options_.rounding < 0 || options_.rounding > 300)
+    throw MisconfigurationError("fulgur: BackboneFinetuning: rounding must be in [0, 300] digits, got " +
+                                std::to_string(options_.rounding) + ".");
   if (options_.backbone.empty()) throw MisconfigurationError("fulgur: BackboneFinetuning: the backbone's name is empty.");
 }
 

@@ -1,5 +1,6 @@
 """Lightning's GradientAccumulationScheduler and BackboneFinetuning, driven on a tiny module, for
 tests/unit/finetuning_tests.cpp. Writes "<case> <key> <value>" lines (messages: "<case> message <text>")."""
+import logging
 import sys
 import warnings
 
@@ -48,6 +49,25 @@ for name, (options, main_lr, epochs) in CASES.items():
         lines.append(f"{name} main{epoch} {main_lr(epoch)!r}")
         lines.append(f"{name} groups{epoch} {len(opt.param_groups)}")
         lines.append(f"{name} lr{epoch} {opt.param_groups[-1]['lr']!r}")
+
+# Lightning's verbose lines (its module logger), on bb_custom's schedule with verbose and rounding 5.
+class Lines(logging.Handler):
+    def emit(self, record):
+        lines.append(f"bb_verbose line{len([l for l in lines if l.startswith('bb_verbose line')])} {record.getMessage()}")
+
+
+finetuning_log = logging.getLogger("lightning.pytorch.callbacks.finetuning")
+finetuning_log.setLevel(logging.INFO)
+finetuning_log.addHandler(Lines())
+finetuning_log.propagate = False
+options, main_lr, epochs = CASES["bb_custom"]
+net = Net()
+cb = BackboneFinetuning(**options, verbose=True, rounding=5)
+cb.freeze_before_training(net)
+opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=main_lr(0))
+for epoch in range(epochs):
+    opt.param_groups[0]["lr"] = main_lr(epoch)
+    cb.finetune_function(net, epoch, opt)
 
 with open(out_path, "w") as f:
     f.write("\n".join(lines) + "\n")

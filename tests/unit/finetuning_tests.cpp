@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <map>
+#include <sstream>
 
 #include "fulgur/callbacks/backbone_finetuning.hpp"
 #include "fulgur/callbacks/gradient_accumulation_scheduler.hpp"
@@ -261,6 +263,33 @@ TEST_CASE("BackboneFinetuning: the lrs of each epoch are Lightning's BackboneFin
       CHECK(lrs.at(epoch).second == number(c.name, "lr" + std::to_string(epoch)));  // bit for bit
     }
   }
+}
+
+TEST_CASE("BackboneFinetuning: verbose prints Lightning's lines, rounded as Python rounds", "[finetuning][backbone]") {
+  torch::manual_seed(0);
+  FinetuneNet net;
+  test::CpuTrainer<FloatPrecision, MainLr, BackboneFinetuning> trainer(
+      test::quiet({.max_epochs = 7}), MainLr{"bb_custom"},
+      BackboneFinetuning({.unfreeze_backbone_at_epoch = 1,
+                          .lambda_func = [](std::int64_t e) { return 1.0 + 0.1 * static_cast<double>(e); },
+                          .backbone_initial_lr = 0.003, .should_align = false, .verbose = true, .rounding = 5}));
+  auto loader = small_loader(8);
+  std::ostringstream captured;
+  std::streambuf* const original = std::cout.rdbuf(captured.rdbuf());
+  try {
+    trainer.fit(net, loader);
+  } catch (...) {
+    std::cout.rdbuf(original);
+    throw;
+  }
+  std::cout.rdbuf(original);
+  std::vector<std::string> printed;
+  std::istringstream lines(captured.str());
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("Current lr:", 0) == 0) printed.push_back(line);
+  const auto& expected = lightning().at("bb_verbose");
+  REQUIRE(printed.size() == expected.size());
+  for (std::size_t i = 0; i < printed.size(); ++i) CHECK(printed[i] == expected.at("line" + std::to_string(i)));
 }
 
 TEST_CASE("BackboneFinetuning: the backbone is frozen before its epoch and trains from it, BatchNorm as asked",
