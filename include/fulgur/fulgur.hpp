@@ -51,6 +51,8 @@
 #include "fulgur/callbacks/weight_averaging.hpp"
 #include "fulgur/optim/swalr.hpp"
 #include "fulgur/update_bn.hpp"
+#include "fulgur/callbacks/gradient_accumulation_scheduler.hpp"
+#include "fulgur/callbacks/backbone_finetuning.hpp"
 #include "fulgur/nn/activation_checkpointing.hpp"
 #include "fulgur/nn/sync_batchnorm.hpp"
 #include "fulgur/grad_norm.hpp"

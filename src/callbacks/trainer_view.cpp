@@ -20,6 +20,16 @@ void TrainerView::save_checkpoint(const std::string& path, bool weights_only) {
   fit->request_save(path, weights_only);
 }
 
+void TrainerView::set_accumulate_grad_batches(std::int64_t factor) {
+  if (factor < 1)
+    throw MisconfigurationError("fulgur: accumulate_grad_batches must be at least 1, got " + std::to_string(factor) + ".");
+  if (host_ == nullptr)
+    throw MisconfigurationError("fulgur: set_accumulate_grad_batches needs a Trainer; this view has none.");
+  // The view's config is the Trainer's own TrainerConfig (a non-const member), which the loops read at
+  // each batch: the Trainer lends it read-only to callbacks, this one field excepted.
+  const_cast<TrainerConfig*>(config_)->accumulate_grad_batches = factor;
+}
+
 void TrainerView::remove_checkpoint(const std::string& path) {
   if (loops::FitState* fit = host_ != nullptr ? host_->fit() : nullptr) fit->request_removal(path);
 }

@@ -447,15 +447,9 @@ StateDict FitState::restore_progress(const StateDict& c) {
   progress_.skipped_in_a_row = count("skipped_in_a_row");
   skipped_total_ = count("skipped_total");
   resume_batch_ = count("batch_idx");
-  if (loop.contains("accumulate_grad_batches")) {  // inside a window, its length must stay
-    const std::int64_t saved = count("accumulate_grad_batches");
-    if (resume_batch_ % saved != 0 && saved != config_.accumulate_grad_batches)
-      throw CheckpointError("fulgur: " + what + " was taken inside a gradient-accumulation window (batch " +
-                            std::to_string(resume_batch_ % saved) + " of " + std::to_string(saved) + ", its "
-                            "gradients saved with it); resume with accumulate_grad_batches = " +
-                            std::to_string(saved) + " (this run has " + std::to_string(config_.accumulate_grad_batches) +
-                            "), or from a checkpoint at a window's end.");
-  }
+  // Inside a window its length must stay; checked once the resumed epoch started (restore_epoch_position),
+  // where a GradientAccumulationScheduler has set the factor of that epoch.
+  resume_accumulate_ = loop.contains("accumulate_grad_batches") ? count("accumulate_grad_batches") : config_.accumulate_grad_batches;
   ctx_.current_epoch = progress_.epochs_done;
   ctx_.global_step = progress_.global_step;
   // Past the end this run asks for: nothing trains, which a user who raised the wrong limit should hear.
@@ -476,6 +470,13 @@ StateDict FitState::restore_progress(const StateDict& c) {
 void FitState::restore_views(c10::Device device) { views_.load_state(resume_views_, device); }
 
 void FitState::restore_epoch_position() {
+  const std::int64_t saved = resume_accumulate_, batch = progress_.batches_in_epoch;
+  if (batch % saved != 0 && saved != config_.accumulate_grad_batches)
+    throw CheckpointError("fulgur: " + checkpoint_name() + " was taken inside a gradient-accumulation window (batch " +
+                          std::to_string(batch % saved) + " of " + std::to_string(saved) + ", its "
+                          "gradients saved with it); resume with accumulate_grad_batches = " +
+                          std::to_string(saved) + " (this run has " + std::to_string(config_.accumulate_grad_batches) +
+                          "), or from a checkpoint at a window's end.");
   train_metrics_.load_state(resume_metrics_);
   const StateDict grads(resume_rank_.at("accumulated_gradients").toGenericDict());
   if (grads.empty()) return;

@@ -2,6 +2,8 @@
 // scenario as argv[1]. Each rank checks its own results; a failure exits non-zero with the reason,
 // which fails the ctest case. Global rank 0 prints "PASS <scenario>" at the end.
 #include <fulgur/detail/files.hpp>
+#include <fulgur/callbacks/backbone_finetuning.hpp>
+#include <fulgur/callbacks/gradient_accumulation_scheduler.hpp>
 #include <fulgur/fulgur.hpp>
 
 #include "worker.hpp"
@@ -14,6 +16,7 @@
 #include <fstream>
 #include <thread>
 #include <limits>
+#include <map>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -413,6 +416,68 @@ void callbacks() {
   if (my_rank == 0) fulgur::detail::remove_tree(root);
 }
 
+// GradientAccumulationScheduler under DDP: its factor is the Trainer's own (a schedule {0: 2} trains
+// as accumulate_grad_batches = 2, bit for bit), it changes by epoch, and the ranks stay identical.
+// BackboneFinetuning is refused under DDP (its unfrozen backbone would be outside the reducer).
+struct StepsPerEpoch {
+  std::map<std::int64_t, int> steps;
+  void on_before_optimizer_step(TrainerView& trainer) { ++steps[trainer.current_epoch()]; }
+};
+
+void accumulation_schedule() {
+  auto [x, y] = dataset(128);  // 64 samples a rank, batches of 8: 8 batches an epoch
+  std::vector<at::Tensor> scheduled, fixed;
+  {
+    Trainer<CPUAccelerator, Gloo, FloatPrecision, GradientAccumulationScheduler> trainer(
+        config({.max_epochs = 2}), options(), GradientAccumulationScheduler({{0, 2}}));
+    my_rank = trainer.global_rank();
+    torch::manual_seed(5);
+    Net model;
+    data::TensorLoader loader(x, y, {.batch_size = 8});
+    check(trainer.fit(model, loader).global_step == 8, "{0: 2}: 4 steps an epoch");
+    scheduled = model->parameters();
+  }
+  {
+    Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 2, .accumulate_grad_batches = 2}), options());
+    torch::manual_seed(5);
+    Net model;
+    data::TensorLoader loader(x, y, {.batch_size = 8});
+    trainer.fit(model, loader);
+    fixed = model->parameters();
+  }
+  for (std::size_t i = 0; i < fixed.size(); ++i)
+    check(torch::equal(scheduled[i], fixed[i]), "the schedule {0: 2} trains as accumulate_grad_batches = 2, bit for bit");
+  {
+    Trainer<CPUAccelerator, Gloo, FloatPrecision, GradientAccumulationScheduler, StepsPerEpoch> trainer(
+        config({.max_epochs = 3}), options(), GradientAccumulationScheduler({{1, 4}, {2, 3}}), StepsPerEpoch{});
+    torch::manual_seed(5);
+    Net model;
+    data::TensorLoader loader(x, y, {.batch_size = 8});
+    trainer.fit(model, loader);
+    const auto& steps = trainer.callback<StepsPerEpoch>().steps;
+    check(steps.at(0) == 8 && steps.at(1) == 2 && steps.at(2) == 3, "steps per epoch 8, 2, 3 (a cut window steps at the end)");
+    for (const auto& p : model->parameters()) {
+      at::Tensor highest = p.detach().clone();
+      trainer.all_reduce(highest, ReduceOp::max);
+      check(torch::equal(highest, p), "the ranks hold the same weights");
+    }
+  }
+  {
+    Trainer<CPUAccelerator, Gloo, FloatPrecision, BackboneFinetuning> trainer(
+        config({.max_epochs = 1}), options(), BackboneFinetuning({.backbone = "fc1"}));
+    Net model;
+    data::TensorLoader loader(x, y, {.batch_size = 8});
+    std::string message;
+    try {
+      trainer.fit(model, loader);
+    } catch (const MisconfigurationError& e) {
+      message = e.what();
+    }
+    check(message.find("BackboneFinetuning runs on a single device only: under ddp") != std::string::npos,
+          "BackboneFinetuning is refused under DDP, got: " + message);
+  }
+}
+
 // A SimpleProfiler under DDP: each rank times its own run and writes its own report, named by rank.
 void profiled_fit() {
   const std::string root = "/tmp/fulgur_ddp_profiler";
@@ -610,6 +675,7 @@ int main(int argc, char** argv) {
                        else if (scenario == "callbacks") callbacks();
                        else if (scenario == "several_loaders") several_loaders();
                        else if (scenario == "profiler") profiled_fit();
+                       else if (scenario == "accumulation_schedule") accumulation_schedule();
                        else if (scenario == "stop_on_one_rank") stop_on_one_rank();
                        else if (scenario == "two_nodes") two_nodes();
                        else if (scenario == "preempt" && argc > 3) preempt(argv[2], argv[3]);

@@ -2,6 +2,8 @@
 // argv[1]. Each rank checks its own results; a failure exits non-zero with the reason. Global rank
 // 0 prints "PASS <scenario>" at the end.
 #include <fulgur/detail/files.hpp>
+#include <fulgur/callbacks/backbone_finetuning.hpp>
+#include <fulgur/callbacks/gradient_accumulation_scheduler.hpp>
 #include <fulgur/fulgur.hpp>
 
 // The internals a user never includes, whose sizes and statistics these tests measure.
@@ -1404,6 +1406,58 @@ void fault3() {
   std::exit(0);
 }
 
+// GradientAccumulationScheduler on sharded ranks: a schedule {0: 2} trains as accumulate_grad_batches
+// = 2, bit for bit, and {1: 4} steps 8 then 2 times; BackboneFinetuning is refused with Lightning's
+// DeepSpeed message (the stages are named after DeepSpeed's).
+struct StepsPerEpoch {
+  std::map<std::int64_t, int> steps;
+  void on_before_optimizer_step(TrainerView& trainer) { ++steps[trainer.current_epoch()]; }
+};
+
+template <int Stage>
+void accumulation_schedule() {
+  auto [x, y] = dataset(64 * world_from_environment());  // 64 samples a rank, batches of 8
+  const auto fit = [&](auto& trainer) {
+    my_rank = trainer.global_rank();
+    torch::manual_seed(3);
+    Net model;
+    data::TensorLoader loader(x, y, {.batch_size = 8});
+    trainer.fit(model, loader);
+    return model->parameters();
+  };
+  std::vector<at::Tensor> scheduled, fixed;
+  {
+    Trainer<CPUAccelerator, Zero<Stage>, FloatPrecision, GradientAccumulationScheduler> trainer(
+        config({.max_epochs = 2}), options(), GradientAccumulationScheduler({{0, 2}}));
+    scheduled = fit(trainer);
+  }
+  {
+    Trainer<CPUAccelerator, Zero<Stage>, FloatPrecision> trainer(config({.max_epochs = 2, .accumulate_grad_batches = 2}), options());
+    fixed = fit(trainer);
+  }
+  for (std::size_t i = 0; i < fixed.size(); ++i)
+    check(torch::equal(scheduled[i], fixed[i]), "the schedule {0: 2} trains as accumulate_grad_batches = 2, bit for bit");
+  {
+    Trainer<CPUAccelerator, Zero<Stage>, FloatPrecision, GradientAccumulationScheduler, StepsPerEpoch> trainer(
+        config({.max_epochs = 2}), options(), GradientAccumulationScheduler({{1, 4}}), StepsPerEpoch{});
+    fit(trainer);
+    const auto& steps = trainer.template callback<StepsPerEpoch>().steps;
+    check(steps.at(0) == 8 && steps.at(1) == 2, "steps per epoch 8, then 2");
+  }
+  {
+    Trainer<CPUAccelerator, Zero<Stage>, FloatPrecision, BackboneFinetuning> trainer(
+        config({.max_epochs = 1}), options(), BackboneFinetuning({.backbone = "fc1"}));
+    std::string message;
+    try {
+      fit(trainer);
+    } catch (const MisconfigurationError& e) {
+      message = e.what();
+    }
+    check(message.find("The Finetuning callback does not support running with the DeepSpeed strategy.") != std::string::npos,
+          "BackboneFinetuning is refused on the sharded stages: " + message);
+  }
+}
+
 template <int Stage>
 bool dispatch(const std::string& scenario, int argc, char** argv) {
   if (scenario == "parity") parity<Stage>();
@@ -1412,6 +1466,7 @@ bool dispatch(const std::string& scenario, int argc, char** argv) {
   else if (scenario == "overflow") overflow<Stage>();
   else if (scenario == "checkpoints" && argc > 2) checkpoints<Stage>(argv[2]);
   else if (scenario == "refusals") refusals<Stage>();
+  else if (scenario == "accumulation_schedule") accumulation_schedule<Stage>();
   else return false;
   return true;
 }

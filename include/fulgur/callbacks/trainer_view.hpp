@@ -43,6 +43,11 @@ class TrainerView {
   int world_size() const { return ctx_->world_size; }
   bool is_global_zero() const { return ctx_->global_rank == 0; }
   const TrainerConfig& config() const { return *config_; }
+  /// Changes the Trainer's accumulate_grad_batches from here on (GradientAccumulationScheduler, at an
+  /// epoch's start, as Lightning's callback sets trainer.accumulate_grad_batches). The loops read
+  /// the factor at each batch, so the change costs nothing per step; checkpoints record the factor
+  /// in force. Refuses a factor below 1.
+  void set_accumulate_grad_batches(std::int64_t factor);
   /// The epoch limit fit runs to (-1: none; max_steps or max_time bound the run).
   std::int64_t max_epochs() const { return max_epochs_; }
   /// Training batches per epoch (-1: the loader cannot tell).

@@ -143,6 +143,7 @@ class FitState {
   std::string checkpoint_path_;
   bool resuming_ = false, loader_restored_ = false;
   std::int64_t resume_batch_ = 0;
+  std::int64_t resume_accumulate_ = 1;  // the factor in force when the checkpoint was taken
   c10::impl::GenericList resume_metrics_{c10::AnyType::get()};
   c10::impl::GenericDict resume_views_{c10::StringType::get(), c10::AnyType::get()};
   StateDict resume_rank_;

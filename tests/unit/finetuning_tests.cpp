@@ -1,0 +1,393 @@
+// Fine-tuning schedules (issue 34): GradientAccumulationScheduler and BackboneFinetuning. Lightning's
+// factors, lrs and messages come from the venv at test time (tests/unit/finetuning_reference.py,
+// which drives Lightning's callbacks on a tiny module).
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "fulgur/callbacks/backbone_finetuning.hpp"
+#include "fulgur/callbacks/gradient_accumulation_scheduler.hpp"
+#include "unit/support.hpp"
+
+using namespace fulgur;
+
+namespace {
+
+/// "<case> <key> <value...>" lines: case -> key -> the rest of the line.
+using Reference = std::map<std::string, std::map<std::string, std::string>>;
+
+const Reference& lightning() {
+  static const Reference reference = [] {
+    const std::string out = test::scratch_folder("finetuning_reference") + "/out.txt";
+    const std::string line = std::string(FULGUR_TEST_PYTHON) + " " + FULGUR_SOURCE_DIR +
+                             "/tests/unit/finetuning_reference.py " + out + " 2>/dev/null";
+    if (std::system(line.c_str()) != 0) throw std::runtime_error("the Python reference failed: " + line);
+    Reference r;
+    std::ifstream in(out);
+    std::string c, key, rest;
+    while (in >> c >> key && std::getline(in, rest)) r[c][key] = rest.substr(1);
+    if (r.empty()) throw std::runtime_error("the Python reference wrote nothing: " + line);
+    return r;
+  }();
+  return reference;
+}
+double number(const std::string& c, const std::string& key) { return std::strtod(lightning().at(c).at(key).c_str(), nullptr); }
+
+/// Counts the optimizer steps of each epoch.
+struct StepCounter {
+  std::map<std::int64_t, int> steps;
+  void on_before_optimizer_step(TrainerView& trainer) { ++steps[trainer.current_epoch()]; }
+};
+
+/// Saves a checkpoint after one batch of one epoch.
+struct SaveAt {
+  std::int64_t epoch, batch;
+  std::string path;
+  void on_train_batch_end(TrainerView& trainer) {
+    if (trainer.current_epoch() == epoch && trainer.batch_idx() == batch) trainer.save_checkpoint(path);
+  }
+};
+
+// ---- GradientAccumulationScheduler --------------------------------------------------------------------
+
+struct SmallImpl : torch::nn::Module {
+  SmallImpl() : fc1(register_module("fc1", torch::nn::Linear(8, 8))), fc2(register_module("fc2", torch::nn::Linear(8, 3))) {}
+  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+    return torch::nn::functional::cross_entropy(fc2(torch::dropout(torch::relu(fc1(b.input)), 0.2, is_training())), b.target);
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Small);
+
+data::TensorLoader small_loader(std::int64_t n) {
+  auto [x, y] = test::classification_data(n, 3);
+  return data::TensorLoader(x, y, {.batch_size = 4, .shuffle = true, .seed = 5});
+}
+
+}  // namespace
+
+TEST_CASE("GradientAccumulationScheduler: Lightning's factor for each epoch, optimizer steps counted per epoch",
+          "[finetuning][accumulation]") {
+  const std::map<std::string, std::map<std::int64_t, std::int64_t>> schedules{
+      {"sched_a", {{1, 2}, {3, 4}}}, {"sched_b", {{2, 3}}}, {"sched_c", {{0, 5}, {2, 1}}}};
+  for (const auto& [name, scheduling] : schedules) {
+    const GradientAccumulationScheduler scheduler(scheduling);
+    for (std::int64_t epoch = 0; epoch < 6; ++epoch)
+      CHECK(scheduler.accumulate_grad_batches(epoch) == std::stoll(lightning().at(name).at(std::to_string(epoch))));
+  }
+  // In a fit: 7 batches an epoch; a window that the epoch's end cuts short steps there (as Lightning).
+  torch::manual_seed(0);
+  Small net;
+  test::CpuTrainer<FloatPrecision, GradientAccumulationScheduler, StepCounter> trainer(
+      test::quiet({.max_epochs = 5}), GradientAccumulationScheduler({{1, 2}, {3, 4}}), StepCounter{});
+  auto loader = small_loader(28);
+  const FitResult result = trainer.fit(net, loader);
+  const auto& steps = trainer.callback<StepCounter>().steps;
+  int total = 0;
+  for (std::int64_t epoch = 0; epoch < 5; ++epoch) {
+    const auto factor = std::stoll(lightning().at("sched_a").at(std::to_string(epoch)));
+    CHECK(steps.at(epoch) == (7 + factor - 1) / factor);
+    total += steps.at(epoch);
+  }
+  CHECK(result.global_step == total);
+  CHECK(trainer.config().accumulate_grad_batches == 1);  // the Trainer's own factor again after fit
+}
+
+TEST_CASE("GradientAccumulationScheduler: a fit resumed inside a window after the factor changed ends bit-identical",
+          "[finetuning][accumulation][checkpoint]") {
+  const std::string folder = test::scratch_folder("accumulation_resume");
+  const auto run = [&](bool save, const std::string& resume) {
+    torch::manual_seed(0);
+    Small net;
+    test::CpuTrainer<FloatPrecision, GradientAccumulationScheduler, SaveAt> trainer(
+        test::quiet({.max_epochs = 3}), GradientAccumulationScheduler({{1, 3}}),
+        SaveAt{save ? 1 : -1, 4, folder + "/mid.ckpt"});  // epoch 1, after its 5th batch: 2 of 3 in the window
+    auto loader = small_loader(28);
+    const FitResult result = trainer.fit(net, loader, FitOptions{.ckpt_path = resume});
+    return std::pair{result.global_step, test::snapshot(*net)};
+  };
+  const auto [straight_steps, straight] = run(true, "");
+  const auto [resumed_steps, resumed] = run(false, folder + "/mid.ckpt");
+  CHECK(straight_steps == 7 + 3 + 3);
+  CHECK(resumed_steps == straight_steps);
+  REQUIRE(straight.size() == resumed.size());
+  for (std::size_t i = 0; i < straight.size(); ++i) CHECK(torch::equal(straight[i], resumed[i]));
+  // Without the scheduler, the window's length would differ: fit refuses.
+  torch::manual_seed(0);
+  Small net;
+  test::CpuTrainer<FloatPrecision> plain(test::quiet({.max_epochs = 3}));
+  auto loader = small_loader(28);
+  CHECK_THAT(test::message_of<CheckpointError>([&] { plain.fit(net, loader, FitOptions{.ckpt_path = folder + "/mid.ckpt"}); }),
+             Catch::Contains("inside a gradient-accumulation window (batch 2 of 3"));
+}
+
+namespace {
+struct ManualImpl : torch::nn::Module {
+  static constexpr bool automatic_optimization = false;
+  ManualImpl() : fc(register_module("fc", torch::nn::Linear(8, 3))) {}
+  void training_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
+    auto& opt = ctx.optimizer(0);
+    opt.zero_grad();
+    ctx.manual_backward(torch::nn::functional::cross_entropy(fc(b.input), b.target));
+    opt.step();
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::SGD>(parameters(), 0.1);
+  }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(Manual);
+}  // namespace
+
+TEST_CASE("GradientAccumulationScheduler: Lightning's refusals and messages", "[finetuning][accumulation][errors]") {
+  using S = std::map<std::int64_t, std::int64_t>;
+  CHECK(test::message_of<MisconfigurationError>([] { GradientAccumulationScheduler(S{{-1, 2}, {3, 4}}); }) ==
+        lightning().at("bad_epoch").at("message"));
+  CHECK(test::message_of<MisconfigurationError>([] { GradientAccumulationScheduler(S{{1, 0}, {3, 4}}); }) ==
+        lightning().at("bad_factor").at("message"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([] { GradientAccumulationScheduler(S{}); }),
+             Catch::Contains("Empty dict cannot be interpreted correct"));
+  auto loader = small_loader(8);
+  {
+    Small net;
+    test::CpuTrainer<FloatPrecision, GradientAccumulationScheduler> trainer(
+        test::quiet({.max_epochs = 1, .accumulate_grad_batches = 2}), GradientAccumulationScheduler({{1, 2}}));
+    CHECK_THAT(test::message_of<MisconfigurationError>([&] { trainer.fit(net, loader); }),
+               Catch::StartsWith("You have set `accumulate_grad_batches` and are using the "
+                                 "`GradientAccumulationScheduler` callback. Either remove `accumulate_grad_batches` "
+                                 "from the Trainer or remove the callback."));
+    CHECK(trainer.config().accumulate_grad_batches == 2);  // the Trainer's own, untouched
+  }
+  {
+    Manual net;
+    test::CpuTrainer<FloatPrecision, GradientAccumulationScheduler> trainer(test::quiet({.max_epochs = 1}),
+                                                                           GradientAccumulationScheduler({{1, 2}}));
+    CHECK(test::message_of<MisconfigurationError>([&] { trainer.fit(net, loader); }) ==
+          "Automatic gradient accumulation and the `GradientAccumulationScheduler` is not supported for manual "
+          "optimization. Please remove the callback or switch to automatic optimization.");
+  }
+}
+
+// ---- BackboneFinetuning -----------------------------------------------------------------------------
+
+namespace {
+
+struct FinetuneNetImpl : torch::nn::Module {
+  FinetuneNetImpl()
+      : backbone(register_module("backbone", torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::BatchNorm1d(8),
+                                                                   torch::nn::ReLU()))),
+        head(register_module("head", torch::nn::Linear(8, 3))) {}
+  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+    return torch::nn::functional::cross_entropy(head(backbone->forward(b.input)), b.target);
+  }
+  // As Lightning's docs ask: an optimizer over the parameters that train from the start.
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    std::vector<at::Tensor> trainable;
+    for (auto& p : parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    if (optimizer == 1) return std::make_unique<torch::optim::Adam>(trainable, 0.1);
+    if (optimizer == 2) return std::make_unique<optim::FusedAdam>(trainable, torch::optim::AdamOptions(0.1));
+    return std::make_unique<torch::optim::SGD>(trainable, torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+  torch::nn::Sequential backbone;
+  torch::nn::Linear head;
+  int optimizer = 0;  // SGD, Adam, FusedAdam
+};
+TORCH_MODULE(FinetuneNet);
+
+/// Sets the main lr of each epoch (as a scheduler would), before BackboneFinetuning runs.
+struct MainLr {
+  std::string name;
+  void on_train_epoch_start(TrainerView& trainer) {
+    const double lr = number(name, "main" + std::to_string(trainer.current_epoch()));
+    trainer.optimizers()[0].optimizer->param_groups().front().options().set_lr(lr);
+  }
+};
+
+/// The optimizer's groups and last group lr at each epoch's start, after BackboneFinetuning, and the
+/// backbone's and head's weights at each epoch's end.
+struct Observer {
+  std::map<std::int64_t, std::pair<std::size_t, double>> lrs;
+  std::map<std::int64_t, std::pair<at::Tensor, at::Tensor>> weights;
+  std::map<std::int64_t, at::Tensor> running_mean;
+  std::map<std::int64_t, std::size_t> last_group_size;
+  void on_train_epoch_start(TrainerView& trainer) {
+    auto& groups = trainer.optimizers()[0].optimizer->param_groups();
+    lrs[trainer.current_epoch()] = {groups.size(), groups.back().options().get_lr()};
+    last_group_size[trainer.current_epoch()] = groups.back().params().size();
+  }
+  void on_train_epoch_end(TrainerView& trainer, torch::nn::Module& module) {
+    const auto params = module.named_parameters();
+    weights[trainer.current_epoch()] = {params["backbone.0.weight"].detach().clone(), params["head.weight"].detach().clone()};
+    running_mean[trainer.current_epoch()] = module.named_buffers()["backbone.1.running_mean"].clone();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("BackboneFinetuning: the lrs of each epoch are Lightning's BackboneFinetuning's", "[finetuning][backbone]") {
+  struct Case {
+    std::string name;
+    BackboneFinetuningOptions options;
+    std::int64_t epochs;
+  };
+  const std::vector<Case> cases{
+      {"bb_default", {.unfreeze_backbone_at_epoch = 2}, 8},
+      {"bb_custom",
+       {.unfreeze_backbone_at_epoch = 1, .lambda_func = [](std::int64_t e) { return 1.0 + 0.1 * static_cast<double>(e); },
+        .backbone_initial_lr = 0.003, .should_align = false},
+       7},
+      {"bb_align", {.unfreeze_backbone_at_epoch = 0, .lambda_func = [](std::int64_t) { return 1.7; }, .backbone_initial_ratio_lr = 0.3}, 6},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    torch::manual_seed(0);
+    FinetuneNet net;
+    test::CpuTrainer<FloatPrecision, MainLr, BackboneFinetuning, Observer> trainer(
+        test::quiet({.max_epochs = c.epochs}), MainLr{c.name}, BackboneFinetuning(c.options), Observer{});
+    auto loader = small_loader(8);
+    trainer.fit(net, loader);
+    const auto& lrs = trainer.callback<Observer>().lrs;
+    for (std::int64_t epoch = 0; epoch < c.epochs; ++epoch) {
+      INFO("epoch " << epoch);
+      CHECK(lrs.at(epoch).first == std::stoull(lightning().at(c.name).at("groups" + std::to_string(epoch))));
+      CHECK(lrs.at(epoch).second == number(c.name, "lr" + std::to_string(epoch)));  // bit for bit
+    }
+  }
+}
+
+TEST_CASE("BackboneFinetuning: verbose prints Lightning's lines, rounded as Python rounds", "[finetuning][backbone]") {
+  torch::manual_seed(0);
+  FinetuneNet net;
+  test::CpuTrainer<FloatPrecision, MainLr, BackboneFinetuning> trainer(
+      test::quiet({.max_epochs = 7}), MainLr{"bb_custom"},
+      BackboneFinetuning({.unfreeze_backbone_at_epoch = 1,
+                          .lambda_func = [](std::int64_t e) { return 1.0 + 0.1 * static_cast<double>(e); },
+                          .backbone_initial_lr = 0.003, .should_align = false, .verbose = true, .rounding = 5}));
+  auto loader = small_loader(8);
+  std::ostringstream captured;
+  std::streambuf* const original = std::cout.rdbuf(captured.rdbuf());
+  try {
+    trainer.fit(net, loader);
+  } catch (...) {
+    std::cout.rdbuf(original);
+    throw;
+  }
+  std::cout.rdbuf(original);
+  std::vector<std::string> printed;
+  std::istringstream lines(captured.str());
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("Current lr:", 0) == 0) printed.push_back(line);
+  const auto& expected = lightning().at("bb_verbose");
+  REQUIRE(printed.size() == expected.size());
+  for (std::size_t i = 0; i < printed.size(); ++i) CHECK(printed[i] == expected.at("line" + std::to_string(i)));
+}
+
+TEST_CASE("BackboneFinetuning: the backbone is frozen before its epoch and trains from it, BatchNorm as asked",
+          "[finetuning][backbone]") {
+  for (const bool train_bn : {true, false}) {
+    INFO("train_bn " << train_bn);
+    torch::manual_seed(0);
+    FinetuneNet net;
+    const at::Tensor initial = net->backbone[0]->as<torch::nn::Linear>()->weight.detach().clone();
+    const at::Tensor running_mean = net->named_buffers()["backbone.1.running_mean"].clone();
+    test::CpuTrainer<FloatPrecision, BackboneFinetuning, Observer> trainer(
+        test::quiet({.max_epochs = 4}), BackboneFinetuning({.unfreeze_backbone_at_epoch = 2, .train_bn = train_bn}), Observer{});
+    auto loader = small_loader(16);
+    trainer.fit(net, loader);
+    const auto& w = trainer.callback<Observer>().weights;
+    CHECK(torch::equal(w.at(0).first, initial));
+    CHECK(torch::equal(w.at(1).first, initial));
+    CHECK_FALSE(torch::equal(w.at(2).first, initial));
+    CHECK_FALSE(torch::equal(w.at(3).first, w.at(2).first));
+    CHECK_FALSE(torch::equal(w.at(1).second, w.at(0).second));  // the head trained all along
+    CHECK(trainer.callback<Observer>().lrs.at(2).first == 2U);
+    // BatchNorm: with train_bn it trains (and keeps statistics) all along; without, it is frozen with
+    // the backbone (its statistics kept as they were, as Lightning's track_running_stats = False) and
+    // left out of the backbone's param group (Lightning's filter_params).
+    const auto& stats = trainer.callback<Observer>().running_mean;
+    CHECK(torch::equal(stats.at(0), running_mean) == !train_bn);
+    CHECK(torch::equal(stats.at(1), stats.at(0)) == !train_bn);
+    CHECK_FALSE(torch::equal(stats.at(3), stats.at(2)));  // tracked again once unfrozen
+    // Before: the head's group, with the BatchNorm's parameters when they train (train_bn). From the
+    // unfreeze: the backbone's group, the Linear's two (a trainable BatchNorm is in the first group
+    // already: skipped with Lightning's warning).
+    CHECK(trainer.callback<Observer>().last_group_size.at(1) == (train_bn ? 4U : 2U));
+    CHECK(trainer.callback<Observer>().last_group_size.at(2) == 2U);
+  }
+}
+
+TEST_CASE("BackboneFinetuning: a fit resumed after the unfreeze, inside an epoch, ends bit-identical",
+          "[finetuning][backbone][checkpoint]") {
+  const std::string folder = test::scratch_folder("backbone_resume");
+  for (const int optimizer : {0, 1, 2}) {
+    INFO("optimizer " << optimizer << " (SGD, Adam, FusedAdam)");
+    const auto run = [&](bool save, const std::string& resume) {
+      torch::manual_seed(0);
+      FinetuneNet net;
+      net->optimizer = optimizer;
+      test::CpuTrainer<FloatPrecision, BackboneFinetuning, SaveAt, Observer> trainer(
+          test::quiet({.max_epochs = 5}), BackboneFinetuning({.unfreeze_backbone_at_epoch = 1}),
+          SaveAt{save ? 2 : -1, 1, folder + "/mid.ckpt"}, Observer{});
+      auto loader = small_loader(16);
+      trainer.fit(net, loader, FitOptions{.ckpt_path = resume});
+      return std::pair{trainer.callback<Observer>().lrs, test::snapshot(*net)};
+    };
+    const auto [straight_lrs, straight] = run(true, "");
+    const auto [resumed_lrs, resumed] = run(false, folder + "/mid.ckpt");
+    REQUIRE(straight.size() == resumed.size());
+    for (std::size_t i = 0; i < straight.size(); ++i) CHECK(torch::equal(straight[i], resumed[i]));
+    for (std::int64_t epoch = 2; epoch < 5; ++epoch) CHECK(resumed_lrs.at(epoch) == straight_lrs.at(epoch));
+    CHECK(straight_lrs.at(4).second == 0.1 * 0.1 * 2 * 2 * 2);  // 0.01 at the unfreeze, doubled at epochs 2..4
+  }
+}
+
+namespace {
+struct ScheduledNetImpl : FinetuneNetImpl {
+  OptimizerConfig configure_optimizers() {
+    auto sgd = std::make_unique<torch::optim::SGD>(parameters(), 0.1);
+    auto step = std::make_unique<torch::optim::StepLR>(*sgd, /*step_size=*/1, /*gamma=*/0.5);
+    return {.optimizer = std::move(sgd), .lr_scheduler = std::move(step)};
+  }
+};
+TORCH_MODULE(ScheduledNet);
+}  // namespace
+
+TEST_CASE("BackboneFinetuning: bad options, modules without a backbone, an lr scheduler", "[finetuning][backbone][errors]") {
+  CHECK_THAT(test::message_of<MisconfigurationError>([] { BackboneFinetuning({.unfreeze_backbone_at_epoch = -1}); }),
+             Catch::Contains("unfreeze_backbone_at_epoch must be >= 0"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([] { BackboneFinetuning({.backbone_initial_lr = 0.0}); }),
+             Catch::Contains("backbone_initial_lr must be > 0"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([] { BackboneFinetuning({.lambda_func = nullptr}); }),
+             Catch::Contains("lambda_func is empty"));
+  auto loader = small_loader(8);
+  Small net;  // fc1, fc2: no backbone
+  test::CpuTrainer<FloatPrecision, BackboneFinetuning> trainer(test::quiet({.max_epochs = 1}), BackboneFinetuning());
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { trainer.fit(net, loader); }),
+             Catch::StartsWith("The LightningModule should have a nn.Module `backbone` attribute"));
+  test::CpuTrainer<FloatPrecision, BackboneFinetuning> named(test::quiet({.max_epochs = 1}),
+                                                            BackboneFinetuning({.backbone = "encoder"}));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { named.fit(net, loader); }),
+             Catch::Contains("has no submodule named `encoder`"));
+  // A backbone named in the options: fc1 here.
+  torch::manual_seed(0);
+  Small other;
+  const at::Tensor before = other->fc1->weight.detach().clone();
+  test::CpuTrainer<FloatPrecision, BackboneFinetuning> by_name(test::quiet({.max_epochs = 1}),
+                                                              BackboneFinetuning({.backbone = "fc1"}));
+  by_name.fit(other, loader);
+  CHECK(torch::equal(other->fc1->weight, before));
+  ScheduledNet scheduled;
+  test::CpuTrainer<FloatPrecision, BackboneFinetuning> with_scheduler(test::quiet({.max_epochs = 1}), BackboneFinetuning());
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { with_scheduler.fit(scheduled, loader); }),
+             Catch::Contains("BackboneFinetuning cannot run with an lr scheduler yet"));
+}
