@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <cstdint>
 #include <mutex>
+#include <vector>
 
 #include "fulgur/errors.hpp"
 #include "gradient_hook.hpp"
@@ -27,10 +29,16 @@ struct GradientReducer::State {
   at::Tensor used;                // find_unused_parameters: per slot, 1 if this rank produced a gradient
   bool poisoned = false;          // a backward failed mid-way: this rank's collectives are out of step
 
+  struct Parameter {
+    std::string name;
+    at::Tensor param;
+    bool trainable = false;  // requires_grad when the buckets were laid out
+  };
 
   ProcessGroup* group = nullptr;
   ReducerOptions options;
-  std::vector<Slot> slots;
+  std::vector<Parameter> parameters;  // every parameter, trainable or not, in registration order
+  std::vector<Slot> slots;            // the trainable ones, in bucket order
   std::vector<Bucket> buckets;
   std::size_t next_to_launch = 0;
   bool armed = false;
@@ -48,6 +56,13 @@ struct GradientReducer::State {
     if (--bucket.pending == 0) launch_ready();
   }
 
+  /// Lays the trainable parameters out in buckets and hooks them (the hooks of the last layout removed).
+  void build();
+  /// A parameter frozen or unfrozen since the layout (one bool read per parameter).
+  bool trainable_set_changed() const;
+  /// build() again, and checks that every rank laid out the same parameters.
+  void rebuild();
+
   void launch_ready() {
     while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) {
       Bucket& bucket = buckets[next_to_launch++];
@@ -56,43 +71,92 @@ struct GradientReducer::State {
   }
 };
 
+void GradientReducer::State::build() {
+  for (auto& slot : slots) torch::autograd::impl::post_acc_grad_hooks(slot.param).reset();
+  slots.clear();
+  buckets.clear();
+  // Reverse registration order: the last layers' gradients come first in backward.
+  for (auto it = parameters.rbegin(); it != parameters.rend(); ++it) {
+    it->trainable = it->param.requires_grad();
+    if (it->trainable) slots.push_back({it->name, it->param, 0, 0, false});
+  }
+  std::size_t bucket_bytes = 0;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    auto& slot = slots[i];
+    const std::size_t bytes = static_cast<std::size_t>(slot.param.numel() * slot.param.element_size());
+    const std::size_t cap = buckets.size() <= 1 ? options.first_bucket_bytes : options.bucket_bytes;
+    const bool fits = !buckets.empty() && bucket_bytes + bytes <= cap &&
+                      slots[buckets.back().slots.front()].param.scalar_type() == slot.param.scalar_type() &&
+                      slots[buckets.back().slots.front()].param.device() == slot.param.device();
+    if (!fits) {
+      buckets.emplace_back();
+      bucket_bytes = 0;
+    }
+    auto& bucket = buckets.back();
+    slot.bucket = buckets.size() - 1;
+    slot.offset = bucket.slots.empty() ? 0 : slots[bucket.slots.back()].offset + slots[bucket.slots.back()].param.numel();
+    bucket.slots.push_back(i);
+    bucket_bytes += bytes;
+  }
+  for (auto& bucket : buckets) {
+    const auto& last = slots[bucket.slots.back()];
+    bucket.flat = at::zeros({last.offset + last.param.numel()}, last.param.options().requires_grad(false));
+  }
+  const auto device = parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().param.device();
+  used = at::zeros({static_cast<std::int64_t>(slots.size())}, at::TensorOptions().dtype(at::kInt).device(device));
+  for (std::size_t i = 0; i < slots.size(); ++i) detail::install_gradient_hook(slots[i].param, this, i);
+}
+
+bool GradientReducer::State::trainable_set_changed() const {
+  for (const auto& p : parameters)
+    if (p.param.requires_grad() != p.trainable) return true;
+  return false;
+}
+
+void GradientReducer::State::rebuild() {
+  build();
+  if (group->size() <= 1) return;
+  // Every rank must have rebuilt the same layout at the same step, or its buckets would meet other
+  // ranks' buckets of other parameters. One collective, only here: the names and sizes, hashed.
+  std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a
+  const auto mix = [&](const void* data, std::size_t size) {
+    for (std::size_t i = 0; i < size; ++i) hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ULL;
+  };
+  for (const auto& slot : slots) {
+    mix(slot.name.data(), slot.name.size());
+    const std::int64_t numel = slot.param.numel();
+    mix(&numel, sizeof numel);
+  }
+  const auto key = static_cast<std::int64_t>(hash >> 2);
+  const auto count = static_cast<std::int64_t>(slots.size());
+  // max of (x, -x) gives the maximum and minus the minimum in one all-reduce.
+  auto agreement = at::tensor(std::vector<std::int64_t>{key, -key, count, -count}, at::TensorOptions().dtype(at::kLong))
+                       .to(used.device());
+  try {
+    group->all_reduce(agreement, ReduceOp::max);
+  } catch (...) {
+    poisoned = true;
+    throw;
+  }
+  const auto values = agreement.cpu();
+  const auto* v = values.data_ptr<std::int64_t>();
+  if (v[0] != -v[1] || v[2] != -v[3]) {
+    poisoned = true;
+    throw DistributedError(
+        "fulgur: DDP: the parameters that require grad changed on rank " + std::to_string(group->rank()) +
+        " but not in the same way on every rank (" + std::to_string(slots.size()) +
+        " trainable here); freeze and unfreeze parameters on every rank at the same step (as BackboneFinetuning does, "
+        "at an epoch's start).");
+  }
+}
+
 GradientReducer::GradientReducer(ProcessGroup& group, std::vector<std::pair<std::string, at::Tensor>> named_parameters,
                                  ReducerOptions options)
     : state_(std::make_unique<State>()) {
   state_->group = &group;
   state_->options = options;
-  // Reverse registration order: the last layers' gradients come first in backward.
-  for (auto it = named_parameters.rbegin(); it != named_parameters.rend(); ++it)
-    if (it->second.requires_grad()) state_->slots.push_back({it->first, it->second, 0, 0, false});
-  std::size_t bucket_bytes = 0;
-  for (std::size_t i = 0; i < state_->slots.size(); ++i) {
-    auto& slot = state_->slots[i];
-    const std::size_t bytes = static_cast<std::size_t>(slot.param.numel() * slot.param.element_size());
-    const std::size_t cap = state_->buckets.size() <= 1 ? options.first_bucket_bytes : options.bucket_bytes;
-    const bool fits = !state_->buckets.empty() && bucket_bytes + bytes <= cap &&
-                      state_->slots[state_->buckets.back().slots.front()].param.scalar_type() == slot.param.scalar_type() &&
-                      state_->slots[state_->buckets.back().slots.front()].param.device() == slot.param.device();
-    if (!fits) {
-      state_->buckets.emplace_back();
-      bucket_bytes = 0;
-    }
-    auto& bucket = state_->buckets.back();
-    slot.bucket = state_->buckets.size() - 1;
-    slot.offset = bucket.slots.empty() ? 0
-                                       : state_->slots[bucket.slots.back()].offset +
-                                             state_->slots[bucket.slots.back()].param.numel();
-    bucket.slots.push_back(i);
-    bucket_bytes += bytes;
-  }
-  for (auto& bucket : state_->buckets) {
-    const auto& last = state_->slots[bucket.slots.back()];
-    bucket.flat = at::zeros({last.offset + last.param.numel()}, last.param.options().requires_grad(false));
-  }
-  const auto device = state_->slots.empty() ? c10::Device(c10::kCPU) : state_->slots.front().param.device();
-  state_->used = at::zeros({static_cast<std::int64_t>(state_->slots.size())},
-                           at::TensorOptions().dtype(at::kInt).device(device));
-  for (std::size_t i = 0; i < state_->slots.size(); ++i)
-    detail::install_gradient_hook(state_->slots[i].param, state_.get(), i);
+  for (auto& [name, param] : named_parameters) state_->parameters.push_back({std::move(name), std::move(param), false});
+  state_->build();
 }
 
 GradientReducer::~GradientReducer() {
@@ -104,8 +168,13 @@ void GradientReducer::prepare_for_backward() {
   if (state_->poisoned)
     throw DistributedError("fulgur: DDP: an earlier backward failed on rank " + std::to_string(state_->group->rank()) +
                            ", so this rank's collectives are out of step with the others'; the run cannot continue.");
-  state_->armed = sync_;
+  state_->armed = false;
   if (!sync_) return;
+  // A parameter frozen or unfrozen since the buckets were laid out (BackboneFinetuning's unfreeze):
+  // lay them out again, so an unfrozen parameter is averaged too. Checked at each synchronised
+  // backward; nothing is in flight then.
+  if (state_->trainable_set_changed()) state_->rebuild();
+  state_->armed = true;
   state_->next_to_launch = 0;
   for (auto& slot : state_->slots) slot.ready = false;
   for (auto& bucket : state_->buckets) bucket.pending = bucket.slots.size();

@@ -9,6 +9,11 @@
 // of them, divides by the world size and writes the averages back into the gradients.
 // A parameter appears once however often the module registers it (tied weights). Its hook is the
 // parameter's post-accumulate-grad hook: a hook set there before is replaced.
+// The buckets hold the parameters that require grad. Unlike PyTorch's DDP, which keeps the set it
+// was built with (a parameter unfrozen later is never averaged), a synchronised backward first
+// compares each parameter's requires_grad with the layout's (one bool each, no communication) and,
+// when one changed (BackboneFinetuning's unfreeze), lays the buckets out again and checks with one
+// small all-reduce that every rank laid out the same parameters.
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
