@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "fulgur/errors.hpp"
@@ -26,27 +27,43 @@ struct GradientReducer::State {
     std::size_t pending = 0;
     PendingCollective work;
   };
-  at::Tensor used;                // find_unused_parameters: per slot, 1 if this rank produced a gradient
-  bool poisoned = false;          // a backward failed mid-way: this rank's collectives are out of step
-
   struct Parameter {
     std::string name;
     at::Tensor param;
-    bool trainable = false;  // requires_grad when the buckets were laid out
   };
+  // The buckets of one set of trainable parameters. Two are kept, the current one and the one before
+  // it, so alternating sets (toggle_optimizer's GAN halves) switch back without allocating.
+  struct Layout {
+    std::vector<char> trainable;        // per parameter: requires_grad when laid out
+    std::vector<std::size_t> slot_of;   // per parameter: its slot, or none (frozen)
+    std::vector<Slot> slots;            // the trainable parameters, in bucket order
+    std::vector<Bucket> buckets;
+    at::Tensor used;                    // find_unused_parameters: per slot, 1 if this rank produced a gradient
+    bool matches(const std::vector<Parameter>& parameters) const {  // one bool read per parameter
+      for (std::size_t i = 0; i < parameters.size(); ++i)
+        if (parameters[i].param.requires_grad() != (trainable[i] != 0)) return false;
+      return true;
+    }
+  };
+  static constexpr std::size_t no_slot = static_cast<std::size_t>(-1);
+  bool poisoned = false;  // a backward failed mid-way: this rank's collectives are out of step
 
   ProcessGroup* group = nullptr;
   ReducerOptions options;
   std::vector<Parameter> parameters;  // every parameter, trainable or not, in registration order
-  std::vector<Slot> slots;            // the trainable ones, in bucket order
-  std::vector<Bucket> buckets;
+  Layout layout;                      // the current buckets
+  std::optional<Layout> previous;     // the layout before (alternating sets switch back to it)
+  std::vector<Slot>& slots = layout.slots;
+  std::vector<Bucket>& buckets = layout.buckets;
   std::size_t next_to_launch = 0;
   bool armed = false;
   std::mutex mutex;  // hooks may run on autograd's device threads
 
-  void on_gradient(std::size_t index) {
+  void on_gradient(std::size_t parameter) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!armed) return;
+    const std::size_t index = layout.slot_of[parameter];
+    if (index == no_slot) return;
     Slot& slot = slots[index];
     if (slot.ready) return;  // a parameter used twice in the graph accumulates once
     const at::Tensor& grad = slot.param.grad();
@@ -56,12 +73,11 @@ struct GradientReducer::State {
     if (--bucket.pending == 0) launch_ready();
   }
 
-  /// Lays the trainable parameters out in buckets and hooks them (the hooks of the last layout removed).
-  void build();
-  /// A parameter frozen or unfrozen since the layout (one bool read per parameter).
-  bool trainable_set_changed() const;
-  /// build() again, and checks that every rank laid out the same parameters.
-  void rebuild();
+  /// The buckets of the parameters that require grad now.
+  Layout build() const;
+  /// A parameter frozen or unfrozen since the current layout: the previous layout if it matches,
+  /// else a new one (checked to be every rank's; the oldest is dropped).
+  void relayout();
 
   void launch_ready() {
     while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) {
@@ -71,53 +87,54 @@ struct GradientReducer::State {
   }
 };
 
-void GradientReducer::State::build() {
-  for (auto& slot : slots) torch::autograd::impl::post_acc_grad_hooks(slot.param).reset();
-  slots.clear();
-  buckets.clear();
+GradientReducer::State::Layout GradientReducer::State::build() const {
+  Layout out;
+  out.trainable.resize(parameters.size());
+  out.slot_of.assign(parameters.size(), no_slot);
   // Reverse registration order: the last layers' gradients come first in backward.
-  for (auto it = parameters.rbegin(); it != parameters.rend(); ++it) {
-    it->trainable = it->param.requires_grad();
-    if (it->trainable) slots.push_back({it->name, it->param, 0, 0, false});
+  for (std::size_t k = parameters.size(); k-- > 0;) {
+    out.trainable[k] = parameters[k].param.requires_grad() ? 1 : 0;
+    if (!out.trainable[k]) continue;
+    out.slot_of[k] = out.slots.size();
+    out.slots.push_back({parameters[k].name, parameters[k].param, 0, 0, false});
   }
   std::size_t bucket_bytes = 0;
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    auto& slot = slots[i];
+  for (std::size_t i = 0; i < out.slots.size(); ++i) {
+    auto& slot = out.slots[i];
     const std::size_t bytes = static_cast<std::size_t>(slot.param.numel() * slot.param.element_size());
-    const std::size_t cap = buckets.size() <= 1 ? options.first_bucket_bytes : options.bucket_bytes;
-    const bool fits = !buckets.empty() && bucket_bytes + bytes <= cap &&
-                      slots[buckets.back().slots.front()].param.scalar_type() == slot.param.scalar_type() &&
-                      slots[buckets.back().slots.front()].param.device() == slot.param.device();
+    const std::size_t cap = out.buckets.size() <= 1 ? options.first_bucket_bytes : options.bucket_bytes;
+    const bool fits = !out.buckets.empty() && bucket_bytes + bytes <= cap &&
+                      out.slots[out.buckets.back().slots.front()].param.scalar_type() == slot.param.scalar_type() &&
+                      out.slots[out.buckets.back().slots.front()].param.device() == slot.param.device();
     if (!fits) {
-      buckets.emplace_back();
+      out.buckets.emplace_back();
       bucket_bytes = 0;
     }
-    auto& bucket = buckets.back();
-    slot.bucket = buckets.size() - 1;
-    slot.offset = bucket.slots.empty() ? 0 : slots[bucket.slots.back()].offset + slots[bucket.slots.back()].param.numel();
+    auto& bucket = out.buckets.back();
+    slot.bucket = out.buckets.size() - 1;
+    slot.offset = bucket.slots.empty() ? 0 : out.slots[bucket.slots.back()].offset + out.slots[bucket.slots.back()].param.numel();
     bucket.slots.push_back(i);
     bucket_bytes += bytes;
   }
-  for (auto& bucket : buckets) {
-    const auto& last = slots[bucket.slots.back()];
+  for (auto& bucket : out.buckets) {
+    const auto& last = out.slots[bucket.slots.back()];
     bucket.flat = at::zeros({last.offset + last.param.numel()}, last.param.options().requires_grad(false));
   }
   const auto device = parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().param.device();
-  used = at::zeros({static_cast<std::int64_t>(slots.size())}, at::TensorOptions().dtype(at::kInt).device(device));
-  for (std::size_t i = 0; i < slots.size(); ++i) detail::install_gradient_hook(slots[i].param, this, i);
+  out.used = at::zeros({static_cast<std::int64_t>(out.slots.size())}, at::TensorOptions().dtype(at::kInt).device(device));
+  return out;
 }
 
-bool GradientReducer::State::trainable_set_changed() const {
-  for (const auto& p : parameters)
-    if (p.param.requires_grad() != p.trainable) return true;
-  return false;
-}
-
-void GradientReducer::State::rebuild() {
-  build();
+void GradientReducer::State::relayout() {
+  if (previous && previous->matches(parameters)) {  // verified when it was built
+    std::swap(layout, *previous);
+    return;
+  }
+  previous = std::move(layout);
+  layout = build();
   if (group->size() <= 1) return;
-  // Every rank must have rebuilt the same layout at the same step, or its buckets would meet other
-  // ranks' buckets of other parameters. One collective, only here: the names and sizes, hashed.
+  // Every rank must have laid out the same parameters, or its buckets would meet other ranks'
+  // buckets of other parameters. One collective, only for a new layout: the names and sizes, hashed.
   std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a
   const auto mix = [&](const void* data, std::size_t size) {
     for (std::size_t i = 0; i < size; ++i) hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ULL;
@@ -131,7 +148,7 @@ void GradientReducer::State::rebuild() {
   const auto count = static_cast<std::int64_t>(slots.size());
   // max of (x, -x) gives the maximum and minus the minimum in one all-reduce.
   auto agreement = at::tensor(std::vector<std::int64_t>{key, -key, count, -count}, at::TensorOptions().dtype(at::kLong))
-                       .to(used.device());
+                       .to(layout.used.device());
   try {
     group->all_reduce(agreement, ReduceOp::max);
   } catch (...) {
@@ -155,12 +172,15 @@ GradientReducer::GradientReducer(ProcessGroup& group, std::vector<std::pair<std:
     : state_(std::make_unique<State>()) {
   state_->group = &group;
   state_->options = options;
-  for (auto& [name, param] : named_parameters) state_->parameters.push_back({std::move(name), std::move(param), false});
-  state_->build();
+  for (auto& [name, param] : named_parameters) state_->parameters.push_back({std::move(name), std::move(param)});
+  state_->layout = state_->build();
+  // Every parameter, frozen ones too (a hook waits there until it trains): a new layout installs none.
+  for (std::size_t i = 0; i < state_->parameters.size(); ++i)
+    detail::install_gradient_hook(state_->parameters[i].param, state_.get(), i);
 }
 
 GradientReducer::~GradientReducer() {
-  for (auto& slot : state_->slots) torch::autograd::impl::post_acc_grad_hooks(slot.param).reset();
+  for (auto& parameter : state_->parameters) torch::autograd::impl::post_acc_grad_hooks(parameter.param).reset();
 }
 
 void GradientReducer::prepare_for_backward() {
@@ -170,10 +190,10 @@ void GradientReducer::prepare_for_backward() {
                            ", so this rank's collectives are out of step with the others'; the run cannot continue.");
   state_->armed = false;
   if (!sync_) return;
-  // A parameter frozen or unfrozen since the buckets were laid out (BackboneFinetuning's unfreeze):
-  // lay them out again, so an unfrozen parameter is averaged too. Checked at each synchronised
-  // backward; nothing is in flight then.
-  if (state_->trainable_set_changed()) state_->rebuild();
+  // A parameter frozen or unfrozen since the buckets were laid out (BackboneFinetuning's unfreeze,
+  // toggle_optimizer): lay them out again, so an unfrozen parameter is averaged too. Checked at each
+  // synchronised backward; nothing is in flight then.
+  if (!state_->layout.matches(state_->parameters)) state_->relayout();
   state_->armed = true;
   state_->next_to_launch = 0;
   for (auto& slot : state_->slots) slot.ready = false;
@@ -215,12 +235,12 @@ void GradientReducer::finalize_backward() {
                              ", so their all-reduce cannot complete. Make every parameter take part in the loss, or "
                              "set DDPOptions::find_unused_parameters = true (Trainer(config, {.find_unused_parameters = true})).");
     }
-    if (s.options.find_unused_parameters) s.used.copy_(at::tensor(used, at::TensorOptions().dtype(at::kInt)));
+    if (s.options.find_unused_parameters) s.layout.used.copy_(at::tensor(used, at::TensorOptions().dtype(at::kInt)));
     s.launch_ready();
   }
   // After every bucket, in the same place on every rank: how many ranks used each parameter.
   PendingCollective used_counts;
-  if (s.options.find_unused_parameters) used_counts = s.group->all_reduce_sum_async(s.used);
+  if (s.options.find_unused_parameters) used_counts = s.group->all_reduce_sum_async(s.layout.used);
   const double world = static_cast<double>(s.group->size());
   try {
     for (auto& bucket : s.buckets) {
@@ -234,7 +254,7 @@ void GradientReducer::finalize_backward() {
     s.poisoned = true;
     throw;
   }
-  const at::Tensor used_by = s.options.find_unused_parameters ? s.used.cpu() : at::Tensor();
+  const at::Tensor used_by = s.options.find_unused_parameters ? s.layout.used.cpu() : at::Tensor();
   for (auto& bucket : s.buckets) {
     if (world > 1) bucket.flat.div_(world);
     for (std::size_t index : bucket.slots) {

@@ -230,6 +230,44 @@ void tied_weights() {
     check(torch::equal(trainer.all_gather(p.detach())[0], trainer.all_gather(p.detach())[1]), "replicas identical");
 }
 
+// toggle_optimizer (a GAN's halves): each backward's frozen half is outside that backward's buckets,
+// so it trains without find_unused_parameters (PyTorch's DDP: an error there); the reducer switches
+// between the two layouts.
+struct ToggledImpl : NetImpl {
+  static constexpr bool automatic_optimization = false;
+  void training_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
+    for (std::size_t i = 0; i < 2; ++i) {
+      auto& optimizer = ctx.optimizer(i);
+      ctx.toggle_optimizer(optimizer);
+      optimizer.zero_grad();
+      ctx.manual_backward(torch::nn::functional::cross_entropy(forward(b.input * (i == 0 ? 1.0 : 2.0)), b.target));
+      optimizer.step();
+      ctx.untoggle_optimizer(optimizer);
+    }
+  }
+  std::vector<OptimizerConfig> configure_optimizers() {
+    std::vector<OptimizerConfig> configs;
+    configs.push_back({std::make_unique<torch::optim::SGD>(fc1->parameters(), 0.1)});
+    configs.push_back({std::make_unique<torch::optim::SGD>(fc2->parameters(), 0.1)});
+    return configs;
+  }
+};
+TORCH_MODULE(Toggled);
+
+void toggled_halves() {
+  auto [x, y] = dataset(64);
+  data::TensorLoader loader(x, y, {.batch_size = 8});
+  torch::manual_seed(3);
+  Toggled model;
+  const auto before = model->fc1->weight.detach().clone();
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1}), options());
+  trainer.fit(model, loader);
+  check(!torch::equal(before, model->fc1->weight), "both halves train");
+  for (const auto& p : model->parameters())
+    check(torch::equal(trainer.all_gather(p.detach())[0], trainer.all_gather(p.detach())[1]),
+          "toggled halves: replicas identical");
+}
+
 // A parameter without gradient: an error that names it (find_unused_parameters off), or zeros (on).
 void unused_parameters() {
   auto [x, y] = dataset(64);
@@ -764,6 +802,7 @@ int main(int argc, char** argv) {
                        else if (scenario == "unused") {
                          unused_parameters();
                          tied_weights();
+                         toggled_halves();
                        }
                        else if (scenario == "fault") fault();
                        else if (scenario == "launched") launched();
