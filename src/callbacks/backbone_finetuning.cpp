@@ -140,11 +140,13 @@ void BackboneFinetuning::setup(TrainerView& trainer, torch::nn::Module& module) 
   if (strategy.rfind("deepspeed", 0) == 0)
     throw MisconfigurationError("The Finetuning callback does not support running with the DeepSpeed strategy. "
                                 "Choose a different strategy or disable the callback. (fulgur: " + strategy + ")");
-  if (!strategy.empty() && strategy != "single_device")
-    throw MisconfigurationError("fulgur: BackboneFinetuning runs on a single device only: under " + strategy +
-                                " the backbone's parameters, frozen when the strategy sets up, stay out of its "
-                                "gradient averaging and optimizer sharding, so once unfrozen each rank would "
-                                "train them apart; use the single-device strategy, or unfreeze by hand before fit.");
+  // DDP's reducer lays its buckets out again when the backbone is unfrozen (every rank unfreezes at
+  // the same epoch's start); the sharded strategies partition the param groups they set up with.
+  if (!strategy.empty() && strategy != "single_device" && strategy != "ddp")
+    throw MisconfigurationError("fulgur: BackboneFinetuning runs under the single-device strategy and DDP only: "
+                                "under " + strategy + " the backbone's parameters, frozen when the strategy sets "
+                                "up, stay out of its optimizer sharding, so once unfrozen each rank would train "
+                                "them apart; use DDPStrategy, or unfreeze by hand before fit.");
   freeze(backbone_of(module), options_.train_bn, frozen_momenta_);
   // A new fit starts afresh (a resumed one then reads its state from the checkpoint).
   previous_backbone_lr_.reset();

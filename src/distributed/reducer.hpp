@@ -8,7 +8,14 @@
 // so every rank issues the same collectives in the same order. finalize_backward() waits for all
 // of them, divides by the world size and writes the averages back into the gradients.
 // A parameter appears once however often the module registers it (tied weights). Its hook is the
-// parameter's post-accumulate-grad hook: a hook set there before is replaced.
+// parameter's post-accumulate-grad hook, on every parameter, frozen ones too: a hook set there
+// before is replaced.
+// The buckets hold the parameters that require grad. Unlike PyTorch's DDP, which keeps the set it
+// was built with (a parameter unfrozen later is never averaged), a synchronised backward first
+// compares each parameter's requires_grad with the layout's (one bool each, no communication) and,
+// when one changed (BackboneFinetuning's unfreeze, toggle_optimizer), takes the previous layout back
+// if it matches (alternating sets switch without allocating), else lays the buckets out again and
+// checks with one small all-reduce that every rank laid out the same parameters.
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
 #include <chrono>
 #include <fstream>
 #include <thread>
@@ -229,6 +230,44 @@ void tied_weights() {
     check(torch::equal(trainer.all_gather(p.detach())[0], trainer.all_gather(p.detach())[1]), "replicas identical");
 }
 
+// toggle_optimizer (a GAN's halves): each backward's frozen half is outside that backward's buckets,
+// so it trains without find_unused_parameters (PyTorch's DDP: an error there); the reducer switches
+// between the two layouts.
+struct ToggledImpl : NetImpl {
+  static constexpr bool automatic_optimization = false;
+  void training_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
+    for (std::size_t i = 0; i < 2; ++i) {
+      auto& optimizer = ctx.optimizer(i);
+      ctx.toggle_optimizer(optimizer);
+      optimizer.zero_grad();
+      ctx.manual_backward(torch::nn::functional::cross_entropy(forward(b.input * (i == 0 ? 1.0 : 2.0)), b.target));
+      optimizer.step();
+      ctx.untoggle_optimizer(optimizer);
+    }
+  }
+  std::vector<OptimizerConfig> configure_optimizers() {
+    std::vector<OptimizerConfig> configs;
+    configs.push_back({std::make_unique<torch::optim::SGD>(fc1->parameters(), 0.1)});
+    configs.push_back({std::make_unique<torch::optim::SGD>(fc2->parameters(), 0.1)});
+    return configs;
+  }
+};
+TORCH_MODULE(Toggled);
+
+void toggled_halves() {
+  auto [x, y] = dataset(64);
+  data::TensorLoader loader(x, y, {.batch_size = 8});
+  torch::manual_seed(3);
+  Toggled model;
+  const auto before = model->fc1->weight.detach().clone();
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1}), options());
+  trainer.fit(model, loader);
+  check(!torch::equal(before, model->fc1->weight), "both halves train");
+  for (const auto& p : model->parameters())
+    check(torch::equal(trainer.all_gather(p.detach())[0], trainer.all_gather(p.detach())[1]),
+          "toggled halves: replicas identical");
+}
+
 // A parameter without gradient: an error that names it (find_unused_parameters off), or zeros (on).
 void unused_parameters() {
   auto [x, y] = dataset(64);
@@ -418,7 +457,6 @@ void callbacks() {
 
 // GradientAccumulationScheduler under DDP: its factor is the Trainer's own (a schedule {0: 2} trains
 // as accumulate_grad_batches = 2, bit for bit), it changes by epoch, and the ranks stay identical.
-// BackboneFinetuning is refused under DDP (its unfrozen backbone would be outside the reducer).
 struct StepsPerEpoch {
   std::map<std::int64_t, int> steps;
   void on_before_optimizer_step(TrainerView& trainer) { ++steps[trainer.current_epoch()]; }
@@ -462,19 +500,117 @@ void accumulation_schedule() {
       check(torch::equal(highest, p), "the ranks hold the same weights");
     }
   }
+}
+
+// BackboneFinetuning under DDP: fc1 (the backbone) frozen at set-up, so outside the reducer's first
+// layout, and unfrozen at epoch 1. The reducer lays its buckets out again at the next backward, so
+// fc1's gradients are averaged from then on: the replicas stay bit-identical and train as one process
+// on the whole batches (a reducer that kept its first layout leaves each rank's fc1 to its own half
+// of the data). A fit resumed after the unfreeze (its backbone trainable again when the checkpoint
+// is read, after the reducer was built) ends bit-identical to the straight one.
+struct TrainableOnlyNetImpl : NetImpl {
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {  // the backbone is frozen now
+    std::vector<at::Tensor> trainable;
+    for (auto& p : parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    return std::make_unique<torch::optim::SGD>(trainable, torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+};
+TORCH_MODULE(TrainableOnlyNet);
+
+struct BackboneWeights {  // fc1.weight at each epoch's end
+  std::map<std::int64_t, at::Tensor> at_end;
+  void on_train_epoch_end(TrainerView& trainer, torch::nn::Module& module) {
+    at_end[trainer.current_epoch()] = module.named_parameters()["fc1.weight"].detach().clone();
+  }
+};
+
+struct SaveInEpoch {
+  std::int64_t epoch = -1, batch = -1;
+  std::string path;
+  void on_train_batch_end(TrainerView& trainer) {
+    if (trainer.current_epoch() == epoch && trainer.batch_idx() == batch) trainer.save_checkpoint(path);
+  }
+};
+
+void backbone_finetuning() {
+  constexpr std::int64_t B = 8, N = 128, epochs = 3;
+  auto [x, y] = dataset(N);
+  const BackboneFinetuningOptions schedule{.unfreeze_backbone_at_epoch = 1, .backbone = "fc1"};
+  const char* port = std::getenv("MASTER_PORT");
+  const std::string checkpoint = std::string("/tmp/fulgur_ddp_backbone_") + (port ? port : "0") + ".ckpt";
+  torch::manual_seed(3);
+  const at::Tensor initial = TrainableOnlyNet()->fc1->weight.detach().clone();
+
+  struct Run {
+    std::vector<at::Tensor> params;
+    std::map<std::int64_t, at::Tensor> backbone;
+  };
+  const auto ddp_fit = [&](SaveInEpoch save, const std::string& resume) {
+    torch::manual_seed(3);
+    TrainableOnlyNet model;
+    Trainer<CPUAccelerator, Gloo, FloatPrecision, BackboneFinetuning, BackboneWeights, SaveInEpoch> trainer(
+        config({.max_epochs = epochs}), options(), BackboneFinetuning(schedule), BackboneWeights{}, std::move(save));
+    data::TensorLoader loader(x, y, {.batch_size = B, .shuffle = true, .seed = 9});
+    trainer.fit(model, loader, FitOptions{.ckpt_path = resume});
+    for (const auto& p : model->parameters()) {
+      const auto gathered = trainer.all_gather(p.detach());
+      check(torch::equal(gathered[0], gathered[1]), "the replicas are bit-identical after the unfreeze");
+    }
+    trainer.barrier();  // the checkpoint is written before any rank resumes from it
+    return Run{model->parameters(), trainer.callback<BackboneWeights>().at_end};
+  };
+  const Run straight = ddp_fit({2, 3, checkpoint}, "");
+  check(torch::equal(straight.backbone.at(0), initial), "the backbone is frozen in epoch 0");
+  check(!torch::equal(straight.backbone.at(1), straight.backbone.at(0)) &&
+            !torch::equal(straight.backbone.at(2), straight.backbone.at(1)),
+        "the backbone trains from epoch 1");
+
+  // One process, the whole batches (rank r's batch i is order[2Bi + r + 2k]: together, the 2B-batch i).
   {
-    Trainer<CPUAccelerator, Gloo, FloatPrecision, BackboneFinetuning> trainer(
-        config({.max_epochs = 1}), options(), BackboneFinetuning({.backbone = "fc1"}));
+    torch::manual_seed(3);
+    TrainableOnlyNet reference;
+    TrainerConfig single = config({.max_epochs = epochs});
+    single.devices = 1;
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, BackboneFinetuning> trainer(single,
+                                                                                              BackboneFinetuning(schedule));
+    data::TensorLoader full(x, y, {.batch_size = 2 * B, .shuffle = true, .seed = 9});
+    trainer.fit(reference, full);
+    const auto expected = reference->parameters();
+    double max_diff = 0;
+    for (std::size_t i = 0; i < expected.size(); ++i)
+      max_diff = std::max(max_diff, (straight.params[i] - expected[i]).abs().max().item<double>());
+    check(max_diff < 1e-5, "DDP with the backbone unfrozen equals one process on the whole batches within 1e-5 (max "
+                           "difference " + std::to_string(max_diff) + ")");
+    if (my_rank == 0) std::cout << "backbone_finetuning: max |ddp - reference| = " << max_diff << std::endl;
+  }
+
+  const Run resumed = ddp_fit({}, checkpoint);
+  for (std::size_t i = 0; i < straight.params.size(); ++i)
+    check(torch::equal(straight.params[i], resumed.params[i]),
+          "the fit resumed inside epoch 2 ends bit-identical to the straight one");
+  if (my_rank == 0) std::remove(checkpoint.c_str());
+
+  // Frozen differently on the two ranks: their new layouts would pair other parameters' gradients;
+  // both ranks stop with an error that says so.
+  {
+    torch::manual_seed(3);
     Net model;
-    data::TensorLoader loader(x, y, {.batch_size = 8});
+    Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config(), options());
+    torch::optim::SGD optimizer(model->parameters(), 0.1);
+    trainer.setup(model, optimizer);
+    const data::Batch batch{x.narrow(0, 0, B), y.narrow(0, 0, B)};
+    trainer.backward(model->training_step(batch, 0));
+    (my_rank == 0 ? model->fc1->bias : model->fc2->bias).set_requires_grad(false);
     std::string message;
     try {
-      trainer.fit(model, loader);
-    } catch (const MisconfigurationError& e) {
+      trainer.backward(model->training_step(batch, 1));
+    } catch (const DistributedError& e) {
       message = e.what();
     }
-    check(message.find("BackboneFinetuning runs on a single device only: under ddp") != std::string::npos,
-          "BackboneFinetuning is refused under DDP, got: " + message);
+    check(message.find("require grad changed on rank " + std::to_string(my_rank) +
+                       " but not in the same way on every rank") != std::string::npos,
+          "parameters frozen differently on the ranks are an error, got: " + message);
   }
 }
 
@@ -666,6 +802,7 @@ int main(int argc, char** argv) {
                        else if (scenario == "unused") {
                          unused_parameters();
                          tied_weights();
+                         toggled_halves();
                        }
                        else if (scenario == "fault") fault();
                        else if (scenario == "launched") launched();
@@ -676,6 +813,7 @@ int main(int argc, char** argv) {
                        else if (scenario == "several_loaders") several_loaders();
                        else if (scenario == "profiler") profiled_fit();
                        else if (scenario == "accumulation_schedule") accumulation_schedule();
+                       else if (scenario == "backbone_finetuning") backbone_finetuning();
                        else if (scenario == "stop_on_one_rank") stop_on_one_rank();
                        else if (scenario == "two_nodes") two_nodes();
                        else if (scenario == "preempt" && argc > 3) preempt(argv[2], argv[3]);

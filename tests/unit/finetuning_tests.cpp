@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -13,6 +14,7 @@
 
 #include "fulgur/callbacks/backbone_finetuning.hpp"
 #include "fulgur/callbacks/gradient_accumulation_scheduler.hpp"
+#include "src/distributed/reducer.hpp"  // the DDP reducer's buckets, which a user never reads
 #include "unit/support.hpp"
 
 using namespace fulgur;
@@ -348,6 +350,29 @@ TEST_CASE("BackboneFinetuning: a fit resumed after the unfreeze, inside an epoch
     for (std::size_t i = 0; i < straight.size(); ++i) CHECK(torch::equal(straight[i], resumed[i]));
     for (std::int64_t epoch = 2; epoch < 5; ++epoch) CHECK(resumed_lrs.at(epoch) == straight_lrs.at(epoch));
     CHECK(straight_lrs.at(4).second == 0.1 * 0.1 * 2 * 2 * 2);  // 0.01 at the unfreeze, doubled at epochs 2..4
+  }
+}
+
+// The multi-rank checks (averaging, parity with one process, resume) are tests/distributed's
+// backbone_finetuning; here, in a world of one, the layout the reducer ends with.
+TEST_CASE("BackboneFinetuning under DDP: the reducer's buckets take the backbone in at the unfreeze",
+          "[finetuning][backbone][distributed]") {
+  if (std::getenv("RANK") || std::getenv("SLURM_PROCID")) return;  // needs a world of one
+  for (const std::int64_t epochs : {1, 2}) {
+    INFO(epochs << " epoch(s), unfrozen at epoch 1");
+    torch::manual_seed(0);
+    FinetuneNet net;
+    const at::Tensor before = net->backbone->named_parameters()["0.weight"].detach().clone();
+    fulgur::Trainer<CPUAccelerator, DDPStrategy, FloatPrecision, BackboneFinetuning> trainer(
+        test::quiet({.max_epochs = epochs}), DDPOptions{}, BackboneFinetuning({.unfreeze_backbone_at_epoch = 1}));
+    auto loader = small_loader(16);
+    trainer.fit(net, loader);
+    std::vector<std::string> names;
+    for (const auto& bucket : trainer.strategy().reducer()->bucket_layout()) names.insert(names.end(), bucket.begin(), bucket.end());
+    const bool backbone_in = std::find(names.begin(), names.end(), "backbone.0.weight") != names.end();
+    CHECK(backbone_in == (epochs == 2));
+    CHECK(std::find(names.begin(), names.end(), "head.weight") != names.end());
+    CHECK(torch::equal(before, net->backbone->named_parameters()["0.weight"]) == (epochs == 1));
   }
 }
 
