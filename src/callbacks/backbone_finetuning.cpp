@@ -33,15 +33,16 @@ std::vector<torch::nn::Module*> flatten_modules(torch::nn::Module& root) {
 }
 
 // Lightning turns a frozen BatchNorm's track_running_stats off: in training it normalizes by the
-// batch and leaves its running statistics alone. LibTorch's BatchNorm still updates them then, by
-// the momentum, so a frozen one also gets momentum 0 (x * 1 + batch * 0: the statistics unchanged);
-// `momenta` keeps its own for make_trainable.
+// batch and leaves its running statistics alone, in evaluation it uses them. LibTorch's BatchNorm
+// with track_running_stats off would normalize by the batch in evaluation too, and in training still
+// updates the statistics by the momentum; so a frozen one keeps track_running_stats and gets momentum
+// 0 instead (x * 1 + batch * 0: the statistics unchanged). `momenta` keeps its own for make_trainable.
 using Momenta = std::unordered_map<torch::nn::Module*, std::optional<double>>;
 
 void freeze_module(torch::nn::Module& m, Momenta& momenta) {
-  if (torch::nn::BatchNormOptions* bn = batch_norm_options(m); bn != nullptr && bn->track_running_stats()) {
+  if (torch::nn::BatchNormOptions* bn = batch_norm_options(m);
+      bn != nullptr && bn->track_running_stats() && !momenta.contains(&m)) {
     momenta[&m] = bn->momentum();
-    bn->track_running_stats(false);
     bn->momentum(0.0);
   }
   for (auto& p : m.parameters(/*recurse=*/false)) p.set_requires_grad(false);
@@ -49,8 +50,7 @@ void freeze_module(torch::nn::Module& m, Momenta& momenta) {
 
 void make_trainable(torch::nn::Module& root, Momenta& momenta) {
   for (torch::nn::Module* m : flatten_modules(root)) {
-    if (torch::nn::BatchNormOptions* bn = batch_norm_options(*m); bn != nullptr && !bn->track_running_stats()) {
-      bn->track_running_stats(true);
+    if (torch::nn::BatchNormOptions* bn = batch_norm_options(*m); bn != nullptr) {
       if (auto it = momenta.find(m); it != momenta.end()) {
         bn->momentum(it->second);
         momenta.erase(it);

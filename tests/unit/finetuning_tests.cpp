@@ -328,6 +328,30 @@ TEST_CASE("BackboneFinetuning: the backbone is frozen before its epoch and train
   }
 }
 
+TEST_CASE("BackboneFinetuning: a frozen BatchNorm (train_bn = false) evaluates with its running statistics",
+          "[finetuning][backbone]") {
+  // PyTorch's frozen BatchNorm (track_running_stats = False) normalizes by the batch in training and by
+  // its running statistics in evaluation; LibTorch's with track_running_stats off would use the batch in
+  // both, so fulgur freezes it by its momentum instead.
+  torch::manual_seed(0);
+  FinetuneNet net;
+  test::CpuTrainer<FloatPrecision, BackboneFinetuning> trainer(
+      test::quiet({.max_epochs = 1}), BackboneFinetuning({.unfreeze_backbone_at_epoch = 5, .train_bn = false}));
+  auto loader = small_loader(16);
+  const at::Tensor mean_before = net->named_buffers()["backbone.1.running_mean"].clone();
+  trainer.fit(net, loader);
+  auto bn = net->backbone[1]->as<torch::nn::BatchNorm1d>();
+  REQUIRE(bn != nullptr);
+  CHECK(torch::equal(bn->running_mean, mean_before));  // frozen: the statistics kept
+  bn->running_mean.add_(0.5);                           // statistics that differ from any batch's
+  bn->eval();
+  const at::Tensor x = torch::randn({6, 8});
+  torch::NoGradGuard no_grad;
+  const at::Tensor expected = torch::batch_norm(x, bn->weight, bn->bias, bn->running_mean, bn->running_var,
+                                                /*training=*/false, 0.1, bn->options.eps(), false);
+  CHECK(torch::equal(bn->forward(x), expected));
+}
+
 TEST_CASE("BackboneFinetuning: a fit resumed after the unfreeze, inside an epoch, ends bit-identical",
           "[finetuning][backbone][checkpoint]") {
   const std::string folder = test::scratch_folder("backbone_resume");
