@@ -16,41 +16,14 @@
 #include <unordered_map>
 
 #include "matrix/gpt.hpp"
+#include "tests/counting_allocator.hpp"
 
 namespace {
 
 using namespace fulgur::bench;
 
-/// Bytes handed out by the CPU allocator and not yet given back, and their peak.
-struct CountingAllocator final : c10::Allocator {
-  c10::Allocator* base = nullptr;
-  std::int64_t live = 0, peak = 0;
-  std::mutex mutex;
-  std::unordered_map<void*, std::pair<c10::DataPtr, std::int64_t>> held;
-  static CountingAllocator& instance() {
-    static auto* counting = new CountingAllocator();  // never destroyed: tensors it made may outlive main
-    return *counting;
-  }
-  static void release(void* data) {
-    CountingAllocator& self = instance();
-    std::lock_guard<std::mutex> lock(self.mutex);
-    const auto it = self.held.find(data);
-    self.live -= it->second.second;
-    self.held.erase(it);
-  }
-  c10::DataPtr allocate(std::size_t n) override {
-    c10::DataPtr inner = base->allocate(n);
-    void* data = inner.get();
-    const c10::Device device = inner.device();
-    std::lock_guard<std::mutex> lock(mutex);
-    live += static_cast<std::int64_t>(n);
-    peak = std::max(peak, live);
-    held.emplace(data, std::make_pair(std::move(inner), static_cast<std::int64_t>(n)));
-    return {data, data, &release, device};  // the context is the pointer: raw_allocate's users need it
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-};
+using test::CountingAllocator;
+using test::CountingScope;
 
 struct Shape {
   const char* name;
@@ -82,7 +55,7 @@ void gpt_step(benchmark::State& state, const Shape& shape, std::optional<at::Sca
       if (autocast) region.emplace(c10::DeviceType::CPU, *autocast);
       loss = gpt->training_step(batch, 0);
     }
-    if (counting) held_after_forward = counting->live;
+    if (counting) held_after_forward = counting->held_bytes();
     loss.backward();
     if (counting) {
       std::lock_guard<std::mutex> lock(counting->mutex);
@@ -92,13 +65,10 @@ void gpt_step(benchmark::State& state, const Shape& shape, std::optional<at::Sca
   };
   step();  // gradients and the optimizer's state exist from here on
   {
-    CountingAllocator& c = CountingAllocator::instance();
-    c.base = c10::GetCPUAllocator();
-    c10::SetCPUAllocator(&c, 0);
+    CountingScope scope;
     step();  // everything the step keeps is now counted
-    counting = &c;
+    counting = &scope.counting;
     step();
-    c10::SetCPUAllocator(c.base, 0);
     counting = nullptr;
   }
   for (auto _ : state) step();

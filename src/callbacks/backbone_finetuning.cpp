@@ -1,6 +1,7 @@
 // BackboneFinetuning (include/fulgur/callbacks/backbone_finetuning.hpp): lightning/pytorch/callbacks/
 // finetuning.py (BaseFinetuning's freeze / make_trainable / filter_params, BackboneFinetuning's lrs).
 #include "fulgur/callbacks/backbone_finetuning.hpp"
+#include "src/callbacks/policy_names.hpp"
 
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/optim/optimizer.h>
@@ -134,9 +135,7 @@ torch::nn::Module& BackboneFinetuning::backbone_of(torch::nn::Module& module) co
 }
 
 void BackboneFinetuning::setup(TrainerView& trainer, torch::nn::Module& module) {
-  const std::string combination = trainer.combination_name();
-  const auto first = combination.find('/'), second = combination.find('/', first + 1);
-  const std::string strategy = first == std::string::npos ? "" : combination.substr(first + 1, second - first - 1);
+  const std::string strategy = detail::strategy_name(trainer);
   if (strategy.rfind("deepspeed", 0) == 0)
     throw MisconfigurationError("The Finetuning callback does not support running with the DeepSpeed strategy. "
                                 "Choose a different strategy or disable the callback. (fulgur: " + strategy + ")");

@@ -7,18 +7,9 @@
 #include "fulgur/callbacks/weight_averaging.hpp"
 #include "fulgur/optim/swalr.hpp"
 #include "fulgur/update_bn.hpp"
+#include "src/callbacks/policy_names.hpp"
 
 namespace fulgur {
-
-namespace {
-
-bool sharded_parameters(const TrainerView& trainer) {
-  const std::string combination = trainer.combination_name();
-  const auto first = combination.find('/');
-  return first != std::string::npos && combination.substr(first + 1, combination.find('/', first + 1) - first - 1) == "fsdp";
-}
-
-}  // namespace
 
 StochasticWeightAveraging::StochasticWeightAveraging(StochasticWeightAveragingOptions options)
     : options_(std::move(options)) {
@@ -46,7 +37,7 @@ std::int64_t StochasticWeightAveraging::swa_end() const {
 }
 
 void StochasticWeightAveraging::on_fit_start(TrainerView& trainer, torch::nn::Module& module) {
-  if (sharded_parameters(trainer)) throw MisconfigurationError("SWA does not currently support sharded models.");
+  if (detail::strategy_name(trainer) == "fsdp") throw MisconfigurationError("SWA does not currently support sharded models.");
   if (trainer.optimizers().size() != 1) throw MisconfigurationError("SWA currently works with 1 `optimizer`.");
   max_epochs_ = trainer.max_epochs();
   if (const auto* fraction = std::get_if<double>(&options_.swa_epoch_start)) {

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "fulgur/accelerators/peak_flops.hpp"
+#include "src/callbacks/policy_names.hpp"
 
 #if FULGUR_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -46,8 +47,7 @@ void ThroughputMonitor::setup(TrainerView& trainer, torch::nn::Module& module, S
   if (options_.available_flops) {
     available_flops_ = options_.available_flops;
   } else {
-    const std::string combination = trainer.combination_name();
-    const std::string precision = combination.substr(combination.find_last_of('/') + 1);
+    const std::string precision = detail::precision_name(trainer);
     std::string why;
     available_flops_ = available_flops(device, compute_dtype(precision), &why);
     if (!available_flops_ && !why.empty() && trainer.is_global_zero()) trainer.warn("ThroughputMonitor: " + why);

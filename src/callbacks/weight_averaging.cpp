@@ -5,6 +5,7 @@
 #include <map>
 
 #include "fulgur/grad_norm.hpp"
+#include "src/callbacks/policy_names.hpp"
 
 namespace fulgur {
 
@@ -50,16 +51,6 @@ void ema_update(const std::vector<at::Tensor>& average, const std::vector<at::Te
 
 }  // namespace weight_averaging
 
-namespace {
-
-bool sharded_parameters(const TrainerView& trainer) {
-  const std::string combination = trainer.combination_name();
-  const auto first = combination.find('/');
-  return first != std::string::npos && combination.substr(first + 1, combination.find('/', first + 1) - first - 1) == "fsdp";
-}
-
-}  // namespace
-
 EMAWeightAveraging::EMAWeightAveraging(EMAWeightAveragingOptions options) : options_(options) {
   if (options_.decay < 0.0 || options_.decay > 1.0)
     throw MisconfigurationError("Invalid decay value " + python_float_repr(options_.decay) +
@@ -77,7 +68,7 @@ bool EMAWeightAveraging::should_update(std::optional<std::int64_t> step_idx, std
 }
 
 void EMAWeightAveraging::on_fit_start(TrainerView& trainer, torch::nn::Module& module) {
-  if (sharded_parameters(trainer))
+  if (detail::strategy_name(trainer) == "fsdp")
     throw MisconfigurationError("EMAWeightAveraging does not support ShardedStrategy<3> (its parameters are sharded "
                                 "across ranks); use DDPStrategy or ShardedStrategy<1> or <2>.");
   // Lightning makes the AveragedModel at setup("fit"); here it is made once the module is on its

@@ -17,6 +17,7 @@
 
 #include "fulgur/nn/activation_checkpointing.hpp"
 #include "src/distributed/parameter_gatherer.hpp"  // stage 3's gather count
+#include "counting_allocator.hpp"
 #include "support.hpp"
 
 using namespace fulgur;
@@ -107,44 +108,8 @@ Gradients run(Stack& model, const at::Tensor& x, const at::Tensor& y, Mode mode,
   return out;
 }
 
-/// Counts the bytes the CPU allocator hands out and gets back (installed for a scope). The context of
-/// each pointer is the pointer itself (some kernels require it: raw_allocate), so sizes are kept aside.
-struct CountingAllocator final : c10::Allocator {
-  c10::Allocator* base = nullptr;
-  std::atomic<std::int64_t> live{0};
-  std::mutex mutex;
-  std::unordered_map<void*, std::pair<c10::DataPtr, std::int64_t>> held;
-  static CountingAllocator& instance() {
-    static CountingAllocator* counting = new CountingAllocator();  // never destroyed: its tensors may outlive it
-    return *counting;
-  }
-  static void release(void* data) {
-    CountingAllocator& self = instance();
-    std::lock_guard<std::mutex> lock(self.mutex);
-    const auto it = self.held.find(data);
-    self.live -= it->second.second;
-    self.held.erase(it);
-  }
-  c10::DataPtr allocate(std::size_t n) override {
-    c10::DataPtr inner = base->allocate(n);
-    void* data = inner.get();
-    const c10::Device device = inner.device();
-    live += static_cast<std::int64_t>(n);
-    std::lock_guard<std::mutex> lock(mutex);
-    held.emplace(data, std::make_pair(std::move(inner), static_cast<std::int64_t>(n)));
-    return {data, data, &release, device};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-};
-struct CountingScope {
-  CountingAllocator& counting;
-  explicit CountingScope(CountingAllocator& c) : counting(c) {
-    counting.base = c10::GetCPUAllocator();
-    c10::SetCPUAllocator(&counting, /*priority=*/0);
-  }
-  ~CountingScope() { c10::SetCPUAllocator(counting.base, 0); }
-};
+using test::CountingAllocator;
+using test::CountingScope;
 
 }  // namespace
 
@@ -340,9 +305,9 @@ TEST_CASE("activation_checkpoint keeps no activations: the bytes held between fo
     model->checkpointing = checkpointed ? ActivationCheckpointing::by_type<BlockImpl>() : ActivationCheckpointing();
     model->zero_grad();
     CountingScope scope(counting);
-    const std::int64_t before = counting.live;
+    const std::int64_t before = counting.held_bytes();
     at::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
-    const std::int64_t held = counting.live - before;
+    const std::int64_t held = counting.held_bytes() - before;
     loss.backward();
     return held;
   };
