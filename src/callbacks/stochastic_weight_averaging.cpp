@@ -127,7 +127,19 @@ void StochasticWeightAveraging::update(torch::nn::Module& module) {
 }
 
 void StochasticWeightAveraging::on_train_end(TrainerView& trainer, torch::nn::Module& module) {
-  if (average_.empty() || !(trainer.current_epoch() == swa_end() || max_epochs_ == -1)) return;
+  if (average_.empty() || n_averaged_ == 0) {  // the average is the starting weights: keep the trained ones
+    trainer.warn("fulgur: StochasticWeightAveraging never started: fit ended in epoch " +
+                 std::to_string(trainer.current_epoch()) + ", before swa_epoch_start (epoch " +
+                 std::to_string(swa_start()) + "); the module keeps its trained weights.");
+    return;
+  }
+  if (!(trainer.current_epoch() == swa_end() || max_epochs_ == -1)) {  // Lightning: no transfer then
+    trainer.warn("fulgur: fit stopped in epoch " + std::to_string(trainer.current_epoch()) + ", before its last (" +
+                 std::to_string(swa_end()) + "): as in Lightning, StochasticWeightAveraging's average (" +
+                 std::to_string(n_averaged_) + " epochs) is not copied into the module; it is in the callback's "
+                 "average() and in the checkpoints.");
+    return;
+  }
   {
     at::NoGradGuard no_grad;
     const std::vector<at::Tensor> params = module.parameters();

@@ -52,9 +52,20 @@ void ema_update(const std::vector<at::Tensor>& average, const std::vector<at::Te
 }  // namespace weight_averaging
 
 EMAWeightAveraging::EMAWeightAveraging(EMAWeightAveragingOptions options) : options_(options) {
-  if (options_.decay < 0.0 || options_.decay > 1.0)
+  if (!(options_.decay >= 0.0 && options_.decay <= 1.0))  // NaN too
     throw MisconfigurationError("Invalid decay value " + python_float_repr(options_.decay) +
                                 " provided. Please provide a value in [0,1] range.");
+  // Lightning divides by update_every_n_steps (ZeroDivisionError) and compares negative starts as
+  // they are (always started): both are mistakes here.
+  if (options_.update_every_n_steps < 1)
+    throw MisconfigurationError("fulgur: EMAWeightAveraging: update_every_n_steps must be at least 1 (update after "
+                                "every n-th optimizer step); got " + std::to_string(options_.update_every_n_steps) + ".");
+  if (options_.update_starting_at_step && *options_.update_starting_at_step < 0)
+    throw MisconfigurationError("fulgur: EMAWeightAveraging: update_starting_at_step is a 0-based step index; got " +
+                                std::to_string(*options_.update_starting_at_step) + ".");
+  if (options_.update_starting_at_epoch && *options_.update_starting_at_epoch < 0)
+    throw MisconfigurationError("fulgur: EMAWeightAveraging: update_starting_at_epoch is a 0-based epoch index; got " +
+                                std::to_string(*options_.update_starting_at_epoch) + ".");
 }
 
 bool EMAWeightAveraging::should_update(std::optional<std::int64_t> step_idx, std::optional<std::int64_t> epoch_idx) const {
@@ -125,15 +136,28 @@ void EMAWeightAveraging::on_train_epoch_end(TrainerView& trainer, torch::nn::Mod
   }
 }
 
-void EMAWeightAveraging::on_train_end(TrainerView&, torch::nn::Module& module) {
+void EMAWeightAveraging::on_train_end(TrainerView& trainer, torch::nn::Module& module) {
   if (average_.empty()) return;
+  // An average never updated is the weights fit started from: Lightning copies it in anyway, which
+  // throws the whole run's training away. fulgur keeps the trained weights and says why.
+  if (n_averaged_ == 0) {
+    trainer.warn("fulgur: EMAWeightAveraging never updated its average in this fit (" +
+                 std::to_string(trainer.global_step()) + " optimizer steps; update_starting_at_step = " +
+                 (options_.update_starting_at_step ? std::to_string(*options_.update_starting_at_step) : "none") +
+                 ", update_starting_at_epoch = " +
+                 (options_.update_starting_at_epoch ? std::to_string(*options_.update_starting_at_epoch) : "none") +
+                 "): the module keeps its trained weights; start the averaging earlier.");
+    return;
+  }
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor> current = weight_averaging::averaged_tensors(module, /*use_buffers=*/true);
   for (std::size_t i = 0; i < current.size() && i < average_.size(); ++i) current[i].detach().copy_(average_[i]);
 }
 
 void EMAWeightAveraging::swap(torch::nn::Module& module) {
-  if (average_.empty()) return;
+  // Before the first update the average is the starting weights: validation runs on the current ones
+  // (n_averaged does not change inside a validation epoch, so start and end agree).
+  if (average_.empty() || n_averaged_ == 0) return;
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor> current = weight_averaging::averaged_tensors(module, /*use_buffers=*/true);
   for (std::size_t i = 0; i < current.size() && i < average_.size(); ++i) {

@@ -122,6 +122,11 @@ struct ActivationCheckpointBackward : Node {
   }
 
   variable_list apply(variable_list&& grads) override {
+    // The engine runs a create_graph backward with grad mode on; the gradients below are first-order.
+    TORCH_CHECK(!torch::autograd::GradMode::is_enabled(),
+                "fulgur::activation_checkpoint: a backward with create_graph=true (a double backward) reached a "
+                "checkpointed function, whose gradients are first-order only; run that part without "
+                "activation_checkpoint");
     TORCH_CHECK(body, "fulgur::activation_checkpoint: backward through the checkpointed function a second time: its "
                       "inputs were released after the first (use retain_graph=true in the first backward)");
     std::vector<at::Tensor> inputs;

@@ -78,8 +78,12 @@ std::optional<std::size_t> LRFinderResult::suggestion_index(std::int64_t skip_be
     kept_lrs.push_back(static_cast<float>(lrs[i]));
     kept_index.push_back(static_cast<std::size_t>(i));
   }
-  if (kept_losses.size() < 2) {
-    std::cerr << lr_finder::not_enough_points << std::endl;
+  if (kept_losses.size() < 2) {  // Lightning's text, then why
+    std::cerr << lr_finder::not_enough_points << " (fulgur: " << n << " points recorded, " << std::max<std::int64_t>(0, end - begin)
+              << " of them between skip_begin = " << skip_begin << " and skip_end = " << skip_end << ", "
+              << kept_losses.size() << " finite"
+              << (end - begin < 2 ? "; num_training must exceed skip_begin + skip_end + 1" : "; the losses are NaN or infinite: check the model and data at min_lr")
+              << ".)" << std::endl;
     return std::nullopt;
   }
   const auto count = static_cast<std::int64_t>(kept_losses.size());

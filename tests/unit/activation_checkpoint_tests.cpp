@@ -295,6 +295,24 @@ TEST_CASE("activation_checkpoint refuses a captured intermediate tensor that req
              Catch::Contains("pass that tensor to activation_checkpoint as an argument"));
 }
 
+TEST_CASE("activation_checkpoint refuses a double backward (create_graph) where it reaches it", "[activation_checkpoint]") {
+  // A new-user probe: the gradient came back without a graph, and the error only came later, naming nothing.
+  torch::manual_seed(0);
+  torch::nn::Linear layer(4, 4);
+  const at::Tensor x = torch::randn({2, 4}, torch::requires_grad());
+  const at::Tensor out = activation_checkpoint([&](const at::Tensor& t) { return torch::tanh(layer(t)); }, x);
+  std::string message;
+  try {
+    torch::autograd::grad({out.sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+  } catch (const c10::Error& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Contains("a backward with create_graph=true (a double backward) reached a checkpointed function"));
+  // A first-order backward through the same graph still works.
+  const auto g = torch::autograd::grad({out.sum()}, {x});
+  CHECK(g[0].defined());
+}
+
 TEST_CASE("activation_checkpoint keeps no activations: the bytes held between forward and backward", "[activation_checkpoint]") {
   torch::manual_seed(0);
   Stack model(4, 64);

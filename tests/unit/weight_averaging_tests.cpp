@@ -3,6 +3,8 @@
 // time from the weight sequences these runs write.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include "fulgur/callbacks/stochastic_weight_averaging.hpp"
@@ -418,4 +420,55 @@ TEST_CASE("StochasticWeightAveraging resumes exactly: before SWA, at an epoch's 
     CHECK(lr == straight.lrs.at(static_cast<std::size_t>(epoch)).second);
   }
   CHECK(resumed.lrs.size() >= 3);
+}
+
+TEST_CASE("weight averaging keeps the trained weights and says so when it has no average to give",
+          "[weight_averaging][errors]") {
+  using test::message_of;
+  auto contains = [](const std::vector<std::string>& warnings, const std::string& text) {
+    return std::any_of(warnings.begin(), warnings.end(), [&](const std::string& w) { return w.find(text) != std::string::npos; });
+  };
+  // Options that cannot work (a new-user probe: NaN passed the range check, 0 divided by).
+  CHECK(message_of<MisconfigurationError>([] { EMAWeightAveraging({.decay = std::nan("")}); }) ==
+        "Invalid decay value nan provided. Please provide a value in [0,1] range.");
+  CHECK_THAT(message_of<MisconfigurationError>([] { EMAWeightAveraging({.update_every_n_steps = 0}); }),
+             Catch::Contains("update_every_n_steps must be at least 1"));
+  CHECK_THAT(message_of<MisconfigurationError>([] { EMAWeightAveraging({.update_starting_at_step = -5}); }),
+             Catch::Contains("update_starting_at_step is a 0-based step index; got -5"));
+  {  // An average never updated (its start beyond the run): Lightning would copy the starting weights in.
+    torch::manual_seed(1);
+    Net net;
+    const at::Tensor initial = net->parameters()[0].detach().clone();
+    auto [train, val] = loaders();
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, EMAWeightAveraging> trainer(
+        test::quiet({.max_epochs = 2}), EMAWeightAveraging({.update_starting_at_step = 1000}));
+    const auto result = trainer.fit(net, train, val);
+    CHECK(trainer.callback<EMAWeightAveraging>().n_averaged() == 0);
+    CHECK_FALSE(torch::equal(net->parameters()[0].detach(), initial));  // the trained weights kept
+    CHECK(contains(result.warnings, "EMAWeightAveraging never updated its average in this fit (16 optimizer steps"));
+  }
+  {  // SWA in a fit that max_steps ends before its last epoch: no transfer (as Lightning), said.
+    torch::manual_seed(1);
+    Net net;
+    auto [train, val] = loaders();
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, StochasticWeightAveraging> trainer(
+        test::quiet({.max_epochs = 4, .max_steps = 20}),
+        StochasticWeightAveraging({.swa_lrs = {0.1}, .swa_epoch_start = std::int64_t{1}, .update_bn = [](torch::nn::Module&) {}}));
+    const auto result = trainer.fit(net, train);
+    CHECK(trainer.callback<StochasticWeightAveraging>().n_averaged() > 0);
+    CHECK(contains(result.warnings, "fit stopped in epoch 2, before its last (3): as in Lightning"));
+  }
+  {  // SWA that never starts.
+    torch::manual_seed(1);
+    Net net;
+    auto [train, val] = loaders();
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, StochasticWeightAveraging> trainer(
+        test::quiet({.max_epochs = 2}),
+        StochasticWeightAveraging({.swa_lrs = {0.1}, .swa_epoch_start = std::int64_t{10}, .update_bn = [](torch::nn::Module&) {}}));
+    const at::Tensor initial = net->parameters()[0].detach().clone();
+    const auto result = trainer.fit(net, train);
+    CHECK(trainer.callback<StochasticWeightAveraging>().n_averaged() == 0);
+    CHECK_FALSE(torch::equal(net->parameters()[0].detach(), initial));  // not the starting weights put back
+    CHECK(contains(result.warnings, "StochasticWeightAveraging never started"));
+  }
 }
