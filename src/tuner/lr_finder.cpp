@@ -62,6 +62,14 @@ void raise_no_lr_attribute() {
       "use the result's suggestion().");
 }
 
+void warn_cut_short(const LRFindOptions& options, std::int64_t steps, std::int64_t epochs) {
+  std::cerr << "fulgur: lr_find ran " << steps << " of num_training = " << options.num_training
+            << " steps: the training data ran out after " << epochs << " epoch" << (epochs == 1 ? "" : "s")
+            << " (max_epochs, limit_train_batches), so the search covered learning rates up to "
+            << (steps > 0 ? scheduled_lr(options, steps - 1) : options.min_lr) << ", not max_lr = " << options.max_lr
+            << "; give it more batches or epochs, or a smaller num_training." << std::endl;
+}
+
 }  // namespace lr_finder
 
 std::optional<std::size_t> LRFinderResult::suggestion_index(std::int64_t skip_begin, std::int64_t skip_end) const {

@@ -442,12 +442,19 @@ TEST_CASE("lr_find: refused options and modules, with Lightning's messages where
 
   // Lightning's epochs: limit_train_batches applies (4 batches an epoch, 3 epochs at most: 12 steps).
   test::CpuTrainer<FloatPrecision> limited(test::quiet({.max_epochs = 3, .limit_train_batches = 4}));
-  CHECK(lr_find(limited, model, loader, {.num_training = 20}).lrs.size() == 12);
+  {  // ... and says that the search ended short of max_lr (a new-user probe)
+    std::ostringstream captured;
+    std::streambuf* const original = std::cerr.rdbuf(captured.rdbuf());
+    const auto short_search = lr_find(limited, model, loader, {.num_training = 20});
+    std::cerr.rdbuf(original);
+    CHECK(short_search.lrs.size() == 12);
+    CHECK_THAT(captured.str(), Catch::Contains("fulgur: lr_find ran 12 of num_training = 20 steps: the training data "
+                                               "ran out after 3 epochs"));
+  }
   test::CpuTrainer<FloatPrecision> empty_epochs(test::quiet({.limit_train_batches = 0}));
   CHECK_THROWS_AS(lr_find(empty_epochs, model, loader), DataError);
   data::TensorLoader nothing(at::zeros({0, 4}), at::zeros({0, 1}), {.batch_size = 8});
   CHECK_THROWS_AS(lr_find(trainer, model, nothing), DataError);
-
 }
 
 TEST_CASE("lr_find: the plot marks the suggestion (PNG via matplotlib, the CSV, else a text plot)", "[lr_finder]") {

@@ -223,6 +223,7 @@ LRFinderResult search(TrainerT& trainer, ModuleRef& module, TrainData& train_dat
                         "; give it samples, or check limit_train_batches.");
     }
     result.stopped_early = stop;
+    if (!stop && step < options.num_training && trainer.global_rank() == 0) warn_cut_short(options, step, max_epochs);
     trainer.end_training();
     if (trainer.world_size() > 1) {  // rank 0's results on every rank (Lightning broadcasts them)
       const auto n = static_cast<std::int64_t>(result.lrs.size());

@@ -86,6 +86,9 @@ class LossTracker {
   bool stop_ = false;
 };
 
+/// On stderr: the search ran `steps` of num_training because the data ran out after `epochs` epochs.
+void warn_cut_short(const LRFindOptions& options, std::int64_t steps, std::int64_t epochs);
+
 [[noreturn]] void raise_optimizer_count(std::size_t count);
 [[noreturn]] void raise_no_lr_attribute();
 
