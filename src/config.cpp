@@ -48,6 +48,7 @@ void validate_config(const TrainerConfig& c) {
   if (c.gradient_clip_val && !(*c.gradient_clip_val >= 0.0))
     refuse("gradient_clip_val", "must be >= 0 (0 or unset: no clipping)", number(*c.gradient_clip_val));
   at_least("num_nodes", c.num_nodes, 1);
+  at_least("max_restarts", c.max_restarts, 0, " (0: a failed worker ends the run)");
   if (const int* n = std::get_if<int>(&c.devices); n && *n == 0)
     refuse("devices", "must ask for at least one device (an int > 0, -1 for all, or a list such as \"0,1\")", "0");
   const BatchAmount& interval = c.val_check_interval;

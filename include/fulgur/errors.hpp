@@ -1,5 +1,6 @@
 #pragma once
 // The errors fulgur raises. Each message names what was wrong and what to do.
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -28,6 +29,25 @@ struct StepError : Error {
 /// The loss became NaN or infinite under a precision that has no loss scaler to absorb it.
 struct NonFiniteLossError : Error {
   using Error::Error;
+};
+
+/// TrainerConfig::detect_anomaly found a NaN or infinite gradient after backward: the message names
+/// the parameters and the step.
+struct NonFiniteGradientError : StepError {
+  using StepError::StepError;
+};
+
+/// SpikeDetection saw a loss far outside its running window (Lightning Fabric's
+/// TrainingSpikeException): the message names the step, the batch and the values.
+struct TrainingSpikeError : Error {
+  TrainingSpikeError(const std::string& what, std::int64_t batch_idx, std::int64_t global_step)
+      : Error(what), batch_idx_(batch_idx), global_step_(global_step) {}
+  std::int64_t batch_idx() const noexcept { return batch_idx_; }
+  std::int64_t global_step() const noexcept { return global_step_; }
+
+ private:
+  std::int64_t batch_idx_;
+  std::int64_t global_step_;
 };
 
 /// A loader yielded no batches, or a batch that cannot be used.

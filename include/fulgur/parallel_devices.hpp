@@ -12,6 +12,7 @@ namespace fulgur {
 struct ParallelDevices {
   std::vector<c10::Device> devices{};  ///< this node's devices, one per local process
   int num_nodes = 1;
+  int max_restarts = 0;  ///< TrainerConfig::max_restarts: what fulgur's own launcher may restart
 };
 
 }  // namespace fulgur

@@ -17,6 +17,7 @@
 #include <ATen/Context.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/utils.h>
 
 #include <concepts>
@@ -472,10 +473,11 @@ class Trainer {
     if constexpr (owns_optimizers && trainable && validates) {
       // One path from the root: "last" and "hpc" found, a relative path under default_root_dir.
       std::vector<std::string> warnings;  // reported with the fit's own (FitResult::warnings)
-      const std::vector<std::string> folders =
-          options.ckpt_path == "last" ? loop_services_.callbacks().checkpoint_folders(config_.default_root_dir)
-                                      : std::vector<std::string>{};
+      // The callbacks' checkpoint folders: where "last" and a restarted run's newest checkpoint are looked for.
+      const std::vector<std::string> folders = loop_services_.callbacks().checkpoint_folders(config_.default_root_dir);
       options.ckpt_path = detail::fit_checkpoint(config_, options.ckpt_path, folders, is_global_zero(), warnings);
+      std::optional<torch::autograd::DetectAnomalyGuard> anomaly_mode;  // TrainerConfig::detect_anomaly
+      if (config_.detect_anomaly) anomaly_mode.emplace();
       FitResult result = loops::fit(*this, module, train_data, val_data, std::move(options), std::move(warnings));
       if (result.preempted && config_.preemption.exit_process) end_preempted_process();
       return result;
@@ -537,7 +539,7 @@ class Trainer {
   ParallelDevices parallel_devices() const {
     if (!A::is_available()) detail::raise_accelerator_unavailable(A::name);
     const std::vector<int> ids = std::visit([](const auto& devices) { return A::parse_devices(devices); }, config_.devices);
-    return ParallelDevices{A::get_parallel_devices(ids), config_.num_nodes};
+    return ParallelDevices{A::get_parallel_devices(ids), config_.num_nodes, config_.max_restarts};
   }
   void check_dtype_supported() {
     if constexpr (requires { P::dtype; A::supports_dtype(strategy_.root_device(), P::dtype); }) {

@@ -83,6 +83,10 @@ struct TrainerConfig {
   // ---- where -----------------------------------------------------------------------------------
   std::variant<int, std::string> devices = 1;
   int num_nodes = 1;
+  /// fulgur's own launcher (devices > 1 without torchrun or SLURM): when a worker fails, end the others
+  /// and start them all again this many times; each restart resumes from the newest complete checkpoint
+  /// by itself (as under torchrun --max-restarts). 0: a failed worker ends the run.
+  int max_restarts = 0;
   // ---- validation and data ---------------------------------------------------------------------
   BatchAmount val_check_interval = 1.0;  ///< validate every N training batches, or every fraction of an epoch
   std::optional<std::int64_t> check_val_every_n_epoch = 1;  ///< unset: val_check_interval counts batches across epochs
@@ -97,6 +101,10 @@ struct TrainerConfig {
   /// A loss scaler ('16-mixed') that skipped this many optimizer steps in a row (inf/NaN gradients
   /// every time) ends the run with an error naming the step; 0: never.
   std::int64_t max_consecutive_skipped_steps = 25;
+  /// Lightning's detect_anomaly: autograd's anomaly mode during fit (a backward that makes a NaN names
+  /// the forward op that made it), and a NaN/inf gradient after backward is an error naming the
+  /// parameters and the step, even when the loss is finite. One host sync per step: for debugging.
+  bool detect_anomaly = false;
   std::string default_root_dir = ".";  ///< where relative paths of Trainer::save/load resolve
   bool enable_progress_bar = true;     ///< the default ProgressBar draws (global rank 0)
   /// Ctrl-C (SIGINT) during fit: finish the step under way, run on_exception and teardown, flush the

@@ -180,6 +180,35 @@ void count_skipped_step(FitProgress& progress, const TrainerConfig& config, cons
         "TrainerConfig::max_consecutive_skipped_steps (0: never stop).");
 }
 
+void check_gradients_finite(torch::nn::Module& module, const StepContext& ctx, std::string_view precision) {
+  std::vector<std::string> names;
+  std::vector<at::Tensor> finite;
+  for (const auto& item : module.named_parameters()) {
+    const at::Tensor& grad = item.value().grad();
+    if (!grad.defined()) continue;
+    names.push_back(item.key());
+    finite.push_back(at::isfinite(grad).all());
+  }
+  if (finite.empty()) return;
+  const at::Tensor flags = at::stack(finite).cpu();  // the one host sync detect_anomaly costs
+  const bool* ok = flags.data_ptr<bool>();
+  std::string bad;
+  std::int64_t count = 0;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (ok[i]) continue;
+    if (++count <= 8) bad += (bad.empty() ? "'" : ", '") + names[i] + "'";
+  }
+  if (count == 0) return;
+  if (count > 8) bad += " and " + std::to_string(count - 8) + " more";
+  throw NonFiniteGradientError(
+      "fulgur: detect_anomaly: the gradient of " + std::to_string(count) + " parameter" + (count == 1 ? "" : "s") +
+      " is NaN or infinite (" + bad + ") after the backward of " +
+      position_text("training_step", ctx.current_epoch, ctx.batch_idx, ctx.global_step) + " under precision '" +
+      std::string(precision) + "'. Look for an operation whose gradient overflows or divides by zero (log, sqrt, "
+      "division, pow near 0); autograd's anomaly mode, on with detect_anomaly, names the forward op if its "
+      "backward made the first NaN.");
+}
+
 void Schedulers::update(SchedulerInterval interval, std::int64_t count, const detail::TensorMap& metrics, bool plateau) {
   if (!automatic_) return;
   for (auto& config : configs_) {

@@ -66,6 +66,11 @@ inline bool can_stop_early(const FitProgress& progress, const TrainerConfig& con
 void count_skipped_step(FitProgress& progress, const TrainerConfig& config, const StepContext& ctx,
                         std::string_view precision);
 
+/// TrainerConfig::detect_anomaly, before an optimizer step: a NaN/inf gradient (after unscaling) is a
+/// NonFiniteGradientError naming the parameters and the step. Not called under a loss scaler, whose
+/// skipped steps are how it handles them (count_skipped_step).
+void check_gradients_finite(torch::nn::Module& module, const StepContext& ctx, std::string_view precision);
+
 /// Counts an optimizer step (the common case inline; a skipped one out of line).
 inline void count_optimizer_step(FitProgress& progress, bool ran, const TrainerConfig& config, const StepContext& ctx,
                                  std::string_view precision) {
@@ -126,6 +131,8 @@ class AutomaticOptimization {
   bool step() {
     if (!host_.unscales_in_optimizer(optimizer_)) host_.unscale_gradients(optimizer_);
     hook_(hooks::on_before_optimizer_step, optimizer_);
+    if (!Host::uses_loss_scaler && config_.detect_anomaly)
+      check_gradients_finite(hook_.module(), hook_.ctx(), Host::precision_name());
     if (config_.gradient_clip_val && *config_.gradient_clip_val > 0.0) {
       ClipGradients clip{.error_if_nonfinite = false};
       (config_.gradient_clip_algorithm == GradientClipAlgorithm::norm ? clip.max_norm : clip.clip_val) =
@@ -189,6 +196,8 @@ class ManualOptimization {
     torch::optim::Optimizer& optimizer = *optimizers_[index].optimizer;
     if (!host_.unscales_in_optimizer(optimizer)) host_.unscale_gradients(optimizer);
     hook_(hooks::on_before_optimizer_step, optimizer);
+    if (!Host::uses_loss_scaler && config_.detect_anomaly)
+      check_gradients_finite(hook_.module(), hook_.ctx(), Host::precision_name());
     auto timed = profile<"optimizer_step">(hook_);  // Lightning's name under manual optimization
     const bool ran = host_.optimizer_step(optimizer);
     timed.end();
