@@ -6,6 +6,7 @@
 #include <fulgur/callbacks/gradient_accumulation_scheduler.hpp>
 #include <fulgur/fulgur.hpp>
 
+#include "elastic.hpp"
 #include "worker.hpp"
 #include <torch/torch.h>
 
@@ -817,6 +818,7 @@ int main(int argc, char** argv) {
                        else if (scenario == "stop_on_one_rank") stop_on_one_rank();
                        else if (scenario == "two_nodes") two_nodes();
                        else if (scenario == "preempt" && argc > 3) preempt(argv[2], argv[3]);
+                       else if (scenario == "elastic" && argc > 2) elastic::run<DDPStrategy>(argv[2]);
                        else return false;
                        return true;
                      });
