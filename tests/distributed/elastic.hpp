@@ -6,7 +6,10 @@
 // makes the restarted group train on); the launcher (fulgur's, max_restarts = 1, or torchrun
 // --max-restarts=1) restarts both ranks, which resume by themselves. The final weights go to
 // <root>/weights (rank 0), to be compared with an uninterrupted run's; the restarted group's first
-// step prints "first resumed step at <ns>" for the restart-to-resume time.
+// step prints "first resumed step at <ns>" for the restart-to-resume time. With
+// FULGUR_TEST_BREAK_NEWEST set, the killed rank first removes the parts beside the newest checkpoint
+// (a sharded one's rank files): the restarted ranks must pass over it and resume from the one before.
+#include <fulgur/detail/files.hpp>
 #include <fulgur/fulgur.hpp>
 #include <torch/torch.h>
 
@@ -35,6 +38,11 @@ struct NetImpl : torch::nn::Module {
   NetImpl() : fc1(register_module("fc1", torch::nn::Linear(8, 33))), fc2(register_module("fc2", torch::nn::Linear(33, 3))) {}
   at::Tensor training_step(const fulgur::data::Batch& b, std::int64_t, fulgur::StepContext& ctx) {
     if (ctx.global_step == kill_step && ctx.global_rank == kill_rank && !std::ifstream(marker)) {
+      if (std::getenv("FULGUR_TEST_BREAK_NEWEST")) {  // the newest checkpoint loses its parts beside the file
+        const std::string newest = fulgur::detail::newest_file({checkpoints}, "", ".ckpt");
+        fulgur::detail::remove_tree(newest + ".shards");
+        std::cout << "removed the parts of " << newest << std::endl;
+      }
       std::ofstream(marker) << now_ns() << std::endl;  // closed (flushed) before the kill
       std::raise(SIGKILL);
     }
@@ -50,7 +58,7 @@ struct NetImpl : torch::nn::Module {
   torch::nn::Dropout drop{register_module("drop", torch::nn::Dropout(0.2))};
   std::int64_t kill_step = environment_int("FULGUR_TEST_KILL_STEP", -1);
   int kill_rank = environment_int("FULGUR_TEST_KILL_RANK", 1);
-  std::string marker;
+  std::string marker, checkpoints;
   bool first_step = true;
 };
 TORCH_MODULE(Net);
@@ -64,6 +72,7 @@ void run(const std::string& root) {
   const auto y = (x.select(1, 0) > 0).to(at::kLong) + (x.select(1, 1) > 0.5).to(at::kLong);
   Net model;
   model->marker = root + "/killed";
+  model->checkpoints = root + "/checkpoints";
   fulgur::TrainerConfig c;
   c.max_steps = 40;
   c.enable_progress_bar = false;
@@ -71,7 +80,7 @@ void run(const std::string& root) {
   c.devices = 2;
   c.max_restarts = 1;
   fulgur::Trainer<fulgur::CPUAccelerator, S, fulgur::FloatPrecision, fulgur::ModelCheckpoint> trainer(
-      c, worker::options(), fulgur::ModelCheckpoint({.dirpath = root + "/checkpoints", .every_n_train_steps = 5}));
+      c, worker::options(), fulgur::ModelCheckpoint({.dirpath = model->checkpoints, .save_top_k = -1, .every_n_train_steps = 5}));
   worker::my_rank = trainer.global_rank();
   fulgur::data::TensorLoader loader(x, y, {.batch_size = 16, .shuffle = true, .seed = 3});
   const auto result = trainer.fit(model, loader);

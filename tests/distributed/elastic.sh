@@ -3,7 +3,8 @@
 # has one rank SIGKILLed once at a random step; the launcher restarts both ranks (max_restarts = 1),
 # which resume by themselves from the newest complete checkpoint; the final weights must equal an
 # uninterrupted run's, bit for bit. Prints the restart-to-resume time (kill -> first resumed step).
-#   elastic.sh <worker> launcher            fulgur's launcher (TrainerConfig::max_restarts = 1)
+#   elastic.sh <worker> launcher [incomplete]   fulgur's launcher (TrainerConfig::max_restarts = 1);
+#       incomplete: the newest checkpoint loses its parts (sharded) before the kill: the ranks fall back
 #   elastic.sh <worker> torchrun <torchrun> <port>
 # FULGUR_TEST_KILL_STEP / FULGUR_TEST_KILL_RANK pin the kill (default: random step 6..38, random rank).
 set -u
@@ -22,9 +23,15 @@ if [ "$launcher" = torchrun ]; then
   port=$4
 else
   run() { local folder=$1; shift; env "$@" "$worker" elastic "$folder"; }
+  incomplete=${3:-}
 fi
 
-step=${FULGUR_TEST_KILL_STEP:-$((6 + RANDOM % 33))}
+if [ -n "${incomplete:-}" ]; then  # a checkpoint before the newest one to fall back to
+  step=${FULGUR_TEST_KILL_STEP:-$((11 + RANDOM % 28))}
+  export FULGUR_TEST_BREAK_NEWEST=1
+else
+  step=${FULGUR_TEST_KILL_STEP:-$((6 + RANDOM % 33))}
+fi
 rank=${FULGUR_TEST_KILL_RANK:-$((RANDOM % 2))}
 echo "elastic ($launcher): rank $rank is SIGKILLed at global step $step"
 
@@ -38,6 +45,11 @@ grep -q "fulgur: restart 1 ([a-z ]*): resuming from .*\.ckpt (global step [0-9]*
   fail "the restarted ranks did not say which checkpoint they resume from"
 resumed=$(grep -o "resuming from .*(global step [0-9]*)" "$root/killed.log" | head -1)
 expected=$((step / 5 * 5))
+if [ -n "${incomplete:-}" ]; then
+  grep -q "passing over .*step=$expected\.ckpt (global step $expected): .*; falling back to the next checkpoint" \
+    "$root/killed.log" || fail "the incomplete checkpoint of step $expected was not passed over, with the reason"
+  expected=$((expected - 5))
+fi
 echo "$resumed" | grep -q "(global step $expected)" || fail "resumed as '$resumed', expected global step $expected"
 if [ "$launcher" != torchrun ]; then
   grep -q "fulgur launcher: rank $rank ended with signal 9 (Killed). Restarting all 2 local ranks (restart 1 of 1)" \
