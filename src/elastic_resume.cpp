@@ -82,7 +82,12 @@ void check_parts(const c10::IValue& value) {
   }
 }
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+/// An error's first line, without its closing full stop (the report goes on after it).
+std::string first_line(const std::string& text) {
+  std::string line = text.substr(0, text.find('\n'));
+  while (!line.empty() && (line.back() == '.' || line.back() == ' ')) line.pop_back();
+  return line;
+}
 
 }  // namespace
 
