@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -58,7 +59,9 @@ std::string preemption_checkpoint(const TrainerConfig& config, const std::string
 std::string restarted_run_checkpoint(const TrainerConfig& config, const std::vector<std::string>& checkpoint_folders,
                                      const Restart& restart, bool global_zero) {
   std::vector<std::string> folders{absolute_path(resolve_path(config, "checkpoints"))};
-  folders.insert(folders.end(), checkpoint_folders.begin(), checkpoint_folders.end());
+  for (const std::string& folder : checkpoint_folders)
+    if (std::find(folders.begin(), folders.end(), absolute_path(folder)) == folders.end())
+      folders.push_back(absolute_path(folder));
   const std::string root = absolute_path(config.default_root_dir);
   const ResumePoint point = newest_complete_checkpoint(folders, root);
   if (!global_zero) return point.path;

@@ -190,3 +190,38 @@ TEST_CASE("elastic: fulgur's launcher refuses max_restarts over several nodes", 
              Catch::Contains("max_restarts=1 restarts the workers of one node") &&
                  Catch::Contains("torchrun --nnodes=2 --max-restarts=1"));
 }
+
+namespace {
+struct CountingImpl : test::ClassifierImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t i) {
+    ++steps;
+    return test::ClassifierImpl::training_step(b, i);
+  }
+  int steps = 0;
+};
+TORCH_MODULE(Counting);
+}  // namespace
+
+TEST_CASE("elastic: a restarted fit finds the checkpoints a logger's version folder holds", "[elastic]") {
+  // ModelCheckpoint without a dirpath saves in the logger's version folder; the restarted run's
+  // logger would start a new version, so the restart must look in the earlier ones.
+  const std::string root = test::scratch_folder("elastic_logger");
+  auto [x, y] = test::classification_data(64);
+  data::TensorLoader loader(x, y, {.batch_size = 8});
+  using T = Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, ModelCheckpoint, CSVLogger>;
+  {
+    T first(test::quiet({.max_steps = 13, .default_root_dir = root}), ModelCheckpoint({.every_n_train_steps = 5}),
+            CSVLogger());
+    Counting model;
+    first.fit(model, loader);
+    CHECK(model->steps == 13);
+  }
+  ScopedVariable restarted("TORCHELASTIC_RESTART_COUNT", "1");
+  T again(test::quiet({.max_steps = 20, .default_root_dir = root}), ModelCheckpoint({.every_n_train_steps = 5}),
+          CSVLogger());
+  Counting model;
+  const auto result = again.fit(model, loader);
+  CHECK(model->steps == 10);  // from the step-10 checkpoint to 20
+  CHECK(result.global_step == 20);
+  CHECK(fulgur::detail::subdirectories(root + "/lightning_logs").size() == 1);  // logging went on in version_0
+}
