@@ -123,7 +123,9 @@ ResumePoint newest_complete_checkpoint(const std::vector<std::string>& folders, 
       unreadable.emplace_back(candidate, first_line(e.what()));
     }
   }
-  auto later = [](const timespec& a, const timespec& b) { return std::tie(a.tv_sec, a.tv_nsec) > std::tie(b.tv_sec, b.tv_nsec); };
+  auto later = [](const timespec& a, const timespec& b) {
+    return std::tie(a.tv_sec, a.tv_nsec) > std::tie(b.tv_sec, b.tv_nsec);
+  };
   // Most progress first; then the most recently written; then by name, so that every rank agrees.
   std::sort(readable.begin(), readable.end(), [&](const Readable& a, const Readable& b) {
     if (a.step != b.step) return a.step > b.step;
@@ -142,7 +144,8 @@ ResumePoint newest_complete_checkpoint(const std::vector<std::string>& folders, 
     }
   }
   // An unreadable file matters where it may have been the newest: written after the one chosen.
-  const auto chosen = std::find_if(readable.begin(), readable.end(), [&](const Readable& r) { return r.path == point.path; });
+  const auto chosen =
+      std::find_if(readable.begin(), readable.end(), [&](const Readable& r) { return r.path == point.path; });
   std::sort(unreadable.begin(), unreadable.end(),
             [&](const auto& a, const auto& b) { return later(a.first.written, b.first.written); });
   std::vector<std::string> newer;

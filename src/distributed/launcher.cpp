@@ -194,7 +194,8 @@ int preempted = 0;  // workers that ended with preempted_exit_code
 
 /// Waits for every worker. A failed worker's peers get a grace period to notice and report it
 /// themselves (their lost-rank probe takes ~2.5 s), then SIGTERM, then SIGKILL; when the workers are
-/// to be restarted (`restarting`), no grace: SIGTERM at once, SIGKILL 3 s later.
+/// to be restarted (`restarting`), no grace: SIGTERM at once, SIGKILL 1 s later (a survivor blocked in a
+/// collective or probing the lost peer does not end on SIGTERM, and its state is discarded anyway).
 Failure supervise(const LaunchPlan& plan, int node_rank, bool restarting) {
   using clock = std::chrono::steady_clock;
   Failure failure;
@@ -222,7 +223,7 @@ Failure supervise(const LaunchPlan& plan, int node_rank, bool restarting) {
         std::fprintf(stderr, "fulgur launcher: rank %d (pid %d) failed with %s; stopping the other ranks.\n",
                      failure.rank, pid, describe_status(status).c_str());
         terminate_at = clock::now() + std::chrono::seconds(restarting ? 0 : 5);
-        kill_at = terminate_at + std::chrono::seconds(restarting ? 3 : 10);
+        kill_at = terminate_at + (restarting ? std::chrono::seconds(1) : std::chrono::seconds(10));
       }
     }
     const auto now = clock::now();
@@ -287,9 +288,10 @@ void launch_local_workers(const LaunchPlan& plan) {
     const std::string stuck = stuck_report(meeting.reports, meeting.node_rank * plan.processes_per_node,
                                            plan.processes_per_node);
     if (failure.rank >= 0) {
-      const std::string why = !stuck.empty()  // the cause is the stuck rank, not the one that saw it and ended first
-                                  ? stuck
-                                  : "rank " + std::to_string(failure.rank) + " ended with " + describe_status(failure.status) + ".";
+      // The cause is the stuck rank, if any, not the one that saw it and ended first.
+      const std::string why = !stuck.empty() ? stuck
+                                             : "rank " + std::to_string(failure.rank) + " ended with " +
+                                                   describe_status(failure.status) + ".";
       if (restarts_left && forwarded_signal.load() == 0) {
         std::fprintf(stderr, "fulgur launcher: %s Restarting all %d local ranks (restart %d of %d); they resume from "
                              "the newest complete checkpoint.\n",

@@ -35,7 +35,8 @@ inline int environment_int(const char* name, int fallback) {
 }
 
 struct NetImpl : torch::nn::Module {
-  NetImpl() : fc1(register_module("fc1", torch::nn::Linear(8, 33))), fc2(register_module("fc2", torch::nn::Linear(33, 3))) {}
+  NetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 33))), fc2(register_module("fc2", torch::nn::Linear(33, 3))) {}
   at::Tensor training_step(const fulgur::data::Batch& b, std::int64_t, fulgur::StepContext& ctx) {
     if (ctx.global_step == kill_step && ctx.global_rank == kill_rank && !std::ifstream(marker)) {
       if (std::getenv("FULGUR_TEST_BREAK_NEWEST")) {  // the newest checkpoint loses its parts beside the file
@@ -80,7 +81,8 @@ void run(const std::string& root) {
   c.devices = 2;
   c.max_restarts = 1;
   fulgur::Trainer<fulgur::CPUAccelerator, S, fulgur::FloatPrecision, fulgur::ModelCheckpoint> trainer(
-      c, worker::options(), fulgur::ModelCheckpoint({.dirpath = model->checkpoints, .save_top_k = -1, .every_n_train_steps = 5}));
+      c, worker::options(),
+      fulgur::ModelCheckpoint({.dirpath = model->checkpoints, .save_top_k = -1, .every_n_train_steps = 5}));
   worker::my_rank = trainer.global_rank();
   fulgur::data::TensorLoader loader(x, y, {.batch_size = 16, .shuffle = true, .seed = 3});
   const auto result = trainer.fit(model, loader);

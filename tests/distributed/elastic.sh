@@ -62,5 +62,6 @@ grep -q "first resumed step at [0-9]* (global step $expected)" "$root/killed.log
   fail "the restarted ranks did not train on from global step $expected"
 killed_at=$(head -1 "$root/killed/killed")
 echo "restart-to-resume time: $(( (first - killed_at) / 1000000 )) ms (kill at step $step -> first resumed step)"
-cmp "$root/straight/weights" "$root/killed/weights" || fail "the restarted run's weights differ from the uninterrupted run's"
+cmp "$root/straight/weights" "$root/killed/weights" ||
+  fail "the restarted run's weights differ from the uninterrupted run's"
 echo "restarted run resumed exactly"

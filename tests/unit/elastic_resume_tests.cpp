@@ -175,7 +175,8 @@ TEST_CASE("elastic: fit resumes by itself only in a restarted run given no ckpt_
   }
   {
     ScopedVariable requeued("SLURM_RESTART_COUNT", "1");
-    CHECK(fulgur::detail::fit_checkpoint(config, "", {}, false, warnings) == root + "/checkpoints/epoch=0-step=10.ckpt");
+    CHECK(fulgur::detail::fit_checkpoint(config, "", {}, false, warnings) ==
+          root + "/checkpoints/epoch=0-step=10.ckpt");
   }
   CHECK(warnings.empty());
 }
