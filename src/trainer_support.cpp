@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 
 #include "fulgur/accelerators/device_parsing.hpp"
 #include "fulgur/detail/describe.hpp"
+#include "fulgur/detail/elastic_resume.hpp"
 #include "fulgur/detail/files.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/preemption.hpp"
@@ -53,11 +55,38 @@ std::string preemption_checkpoint(const TrainerConfig& config, const std::string
   return found.empty() ? found : absolute_path(found);  // already under default_root_dir
 }
 
+/// A restarted worker group's own resume point (elastic_resume.hpp), said on global rank 0.
+std::string restarted_run_checkpoint(const TrainerConfig& config, const std::vector<std::string>& checkpoint_folders,
+                                     const Restart& restart, bool global_zero) {
+  std::vector<std::string> folders{absolute_path(resolve_path(config, "checkpoints"))};
+  for (const std::string& folder : checkpoint_folders)
+    if (std::find(folders.begin(), folders.end(), absolute_path(folder)) == folders.end())
+      folders.push_back(absolute_path(folder));
+  const std::string root = absolute_path(config.default_root_dir);
+  const ResumePoint point = newest_complete_checkpoint(folders, root);
+  if (!global_zero) return point.path;
+  const std::string who = "fulgur: restart " + std::to_string(restart.count) + " (" + restart.by + "): ";
+  for (const std::string& skipped : point.skipped)
+    std::cerr << who << "passing over " << skipped << "; falling back to the next checkpoint" << std::endl;
+  if (point.path.empty()) {
+    std::string looked;
+    for (const std::string& folder : folders) looked += folder + ", ";
+    std::cerr << who << "no complete checkpoint to resume from (looked for *.ckpt in " << looked
+              << "and hpc_ckpt_*.ckpt in " << root << "); starting afresh" << std::endl;
+  } else {
+    std::cerr << who << "resuming from " << point.path << " (global step " << point.global_step << ")" << std::endl;
+  }
+  return point.path;
+}
+
 }  // namespace
 
 std::string fit_checkpoint(const TrainerConfig& config, const std::string& ckpt_path,
                            const std::vector<std::string>& checkpoint_folders, bool global_zero,
                            std::vector<std::string>& warnings) {
+  if (ckpt_path.empty())
+    if (const Restart restart = restart_of_this_process(); restart.count > 0)
+      return restarted_run_checkpoint(config, checkpoint_folders, restart, global_zero);
   const bool last = ckpt_path == "last";
   const std::string path =
       last ? last_checkpoint(config, checkpoint_folders, warnings) : preemption_checkpoint(config, ckpt_path, global_zero);

@@ -53,7 +53,7 @@ DataParallel::DataParallel(const ParallelDevices& parallel, const DDPOptions& op
   const int local = static_cast<int>(parallel.devices.size());
   const int expected = local * parallel.num_nodes;
   if (env.source == ClusterEnvironment::Source::none && expected > 1)
-    launch_local_workers({local, parallel.num_nodes});
+    launch_local_workers({local, parallel.num_nodes, parallel.max_restarts});
   if (env.world_size != expected)
     throw MisconfigurationError(
         "the launcher started " + std::to_string(env.world_size) + " processes (WORLD_SIZE/SLURM_NTASKS), but the "

@@ -38,7 +38,7 @@ constexpr const char* kLaunchVariables[] = {"RANK",           "LOCAL_RANK",  "WO
                                             "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                                             "MASTER_PORT",    "TORCHELASTIC_USE_AGENT_STORE",
                                             "TORCHELASTIC_RESTART_COUNT", "ROLE_RANK", "ROLE_WORLD_SIZE",
-                                            "FULGUR_FAILURE_REPORT"};
+                                            "FULGUR_FAILURE_REPORT", "FULGUR_LAUNCHER"};
 
 void signal_workers(int signal) {
   for (int i = 0; i < worker_count.load(); ++i)
@@ -100,6 +100,7 @@ struct Rendezvous {
   std::string address;
   std::string port;
   std::string reports{};  ///< a directory: a worker that finds a peer stuck writes rank<r> there
+  int attempt = 0;        ///< 0, then 1..max_restarts: TORCHELASTIC_RESTART_COUNT
 };
 
 Rendezvous rendezvous_for(const LaunchPlan& plan) {
@@ -130,7 +131,9 @@ std::vector<std::vector<std::string>> worker_environments(const LaunchPlan& plan
              {"LOCAL_WORLD_SIZE", std::to_string(plan.processes_per_node)},
              {"GROUP_RANK", std::to_string(meeting.node_rank)},
              {"MASTER_ADDR", meeting.address},
-             {"MASTER_PORT", meeting.port}})
+             {"MASTER_PORT", meeting.port},
+             {"TORCHELASTIC_RESTART_COUNT", std::to_string(meeting.attempt)},
+             {"FULGUR_LAUNCHER", "1"}})
       env.push_back(k + "=" + v);
     if (!meeting.reports.empty()) env.push_back("FULGUR_FAILURE_REPORT=" + meeting.reports + "/rank" + std::to_string(rank));
   }
@@ -190,8 +193,10 @@ struct Failure {
 int preempted = 0;  // workers that ended with preempted_exit_code
 
 /// Waits for every worker. A failed worker's peers get a grace period to notice and report it
-/// themselves (their lost-rank probe takes ~2.5 s), then SIGTERM, then SIGKILL.
-Failure supervise(const LaunchPlan& plan, int node_rank) {
+/// themselves (their lost-rank probe takes ~2.5 s), then SIGTERM, then SIGKILL; when the workers are
+/// to be restarted (`restarting`), no grace: SIGTERM at once, SIGKILL 1 s later (a survivor blocked in a
+/// collective or probing the lost peer does not end on SIGTERM, and its state is discarded anyway).
+Failure supervise(const LaunchPlan& plan, int node_rank, bool restarting) {
   using clock = std::chrono::steady_clock;
   Failure failure;
   int running = plan.processes_per_node;
@@ -217,8 +222,8 @@ Failure supervise(const LaunchPlan& plan, int node_rank) {
       if (running > 0) {
         std::fprintf(stderr, "fulgur launcher: rank %d (pid %d) failed with %s; stopping the other ranks.\n",
                      failure.rank, pid, describe_status(status).c_str());
-        terminate_at = clock::now() + std::chrono::seconds(5);
-        kill_at = terminate_at + std::chrono::seconds(10);
+        terminate_at = clock::now() + std::chrono::seconds(restarting ? 0 : 5);
+        kill_at = terminate_at + (restarting ? std::chrono::seconds(1) : std::chrono::seconds(10));
       }
     }
     const auto now = clock::now();
@@ -257,28 +262,50 @@ std::string stuck_report(const std::string& dir, int first_rank, int count) {
 void launch_local_workers(const LaunchPlan& plan) {
   if (plan.processes_per_node > kMaxWorkers)
     throw MisconfigurationError("fulgur launcher: at most " + std::to_string(kMaxWorkers) + " processes per node.");
-  Rendezvous meeting = rendezvous_for(plan);
-  char reports[] = "/tmp/fulgur_run_XXXXXX";
-  if (::mkdtemp(reports) != nullptr) meeting.reports = reports;
-  auto environments = worker_environments(plan, meeting);
+  if (plan.max_restarts > 0 && plan.num_nodes > 1)
+    throw MisconfigurationError(
+        "fulgur launcher: max_restarts=" + std::to_string(plan.max_restarts) + " restarts the workers of one node; "
+        "with num_nodes=" + std::to_string(plan.num_nodes) + " the other nodes' workers would not restart with them. "
+        "Start the program with torchrun --nnodes=" + std::to_string(plan.num_nodes) + " --max-restarts=" +
+        std::to_string(plan.max_restarts) + " (or a SLURM job with --requeue), or set max_restarts = 0.");
   const int world = plan.processes_per_node * plan.num_nodes;
-  std::fprintf(stderr, "fulgur launcher: starting %d processes on node %d (ranks %d-%d of %d, master %s:%s)\n",
-               plan.processes_per_node, meeting.node_rank, meeting.node_rank * plan.processes_per_node,
-               (meeting.node_rank + 1) * plan.processes_per_node - 1, world, meeting.address.c_str(),
-               meeting.port.c_str());
-  std::fflush(stderr);
-  std::fflush(stdout);
-  fork_workers(plan, environments);
-  const Failure failure = supervise(plan, meeting.node_rank);
-  const std::string stuck = stuck_report(meeting.reports, meeting.node_rank * plan.processes_per_node,
-                                         plan.processes_per_node);
-  if (failure.rank >= 0) {
-    if (!stuck.empty())  // the cause is the stuck rank, not the one that saw it and ended first
-      std::fprintf(stderr, "fulgur launcher: the run failed: %s\n", stuck.c_str());
-    else
-      std::fprintf(stderr, "fulgur launcher: the run failed: rank %d ended with %s.\n", failure.rank,
-                   describe_status(failure.status).c_str());
-    std::exit(1);
+  for (int attempt = 0;; ++attempt) {
+    Rendezvous meeting = rendezvous_for(plan);  // one node: a fresh port each attempt (the last one's may linger)
+    meeting.attempt = attempt;
+    char reports[] = "/tmp/fulgur_run_XXXXXX";
+    if (::mkdtemp(reports) != nullptr) meeting.reports = reports;
+    auto environments = worker_environments(plan, meeting);
+    std::fprintf(stderr, "fulgur launcher: starting %d processes on node %d (ranks %d-%d of %d, master %s:%s)\n",
+                 plan.processes_per_node, meeting.node_rank, meeting.node_rank * plan.processes_per_node,
+                 (meeting.node_rank + 1) * plan.processes_per_node - 1, world, meeting.address.c_str(),
+                 meeting.port.c_str());
+    std::fflush(stderr);
+    std::fflush(stdout);
+    preempted = 0;
+    fork_workers(plan, environments);
+    const bool restarts_left = attempt < plan.max_restarts;
+    const Failure failure = supervise(plan, meeting.node_rank, restarts_left);
+    const std::string stuck = stuck_report(meeting.reports, meeting.node_rank * plan.processes_per_node,
+                                           plan.processes_per_node);
+    if (failure.rank >= 0) {
+      // The cause is the stuck rank, if any, not the one that saw it and ended first.
+      const std::string why = !stuck.empty() ? stuck
+                                             : "rank " + std::to_string(failure.rank) + " ended with " +
+                                                   describe_status(failure.status) + ".";
+      if (restarts_left && forwarded_signal.load() == 0) {
+        std::fprintf(stderr, "fulgur launcher: %s Restarting all %d local ranks (restart %d of %d); they resume from "
+                             "the newest complete checkpoint.\n",
+                     why.c_str(), plan.processes_per_node, attempt + 1, plan.max_restarts);
+        continue;
+      }
+      if (plan.max_restarts > 0)
+        std::fprintf(stderr, "fulgur launcher: the run failed after %d restart(s) (max_restarts = %d): %s\n", attempt,
+                     plan.max_restarts, why.c_str());
+      else
+        std::fprintf(stderr, "fulgur launcher: the run failed: %s\n", why.c_str());
+      std::exit(1);
+    }
+    break;
   }
   if (preempted == plan.processes_per_node) {
     std::fprintf(stderr, "fulgur launcher: the ranks were preempted and wrote a checkpoint to resume from; exit "

@@ -11,6 +11,7 @@
 #include "fulgur/checkpoint/io.hpp"
 #include "fulgur/checkpoint/state.hpp"
 #include "fulgur/detail/describe.hpp"
+#include "fulgur/detail/elastic_resume.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/loops/common.hpp"
 #include "fulgur/preemption.hpp"
@@ -340,7 +341,16 @@ c10::impl::GenericDict FitState::hyperparameters(const Hyperparameters& hparams)
 
 // ---- resume -------------------------------------------------------------------------------------
 
-StateDict FitState::read_checkpoint(const std::string& path) {
+StateDict FitState::read_checkpoint(const std::string& chosen) {
+  std::string path = chosen;
+  // A restarted group (detail/elastic_resume.hpp) resumes from the file global rank 0 chose: a rank
+  // whose view of the folders differs (a shared file system's lag) follows it, and says so.
+  if (world_size_ > 1 && detail::restart_of_this_process().count > 0) {
+    path = host_link_.broadcast(chosen);
+    if (path != chosen)
+      std::cerr << "fulgur: rank " << global_rank_ << " resumes from global rank 0's checkpoint '" << path
+                << "' (this rank found '" << chosen << "')" << std::endl;
+  }
   if (path.empty()) return {};
   StateDict state = host_link_.load(path);
   const std::string what = "checkpoint '" + path + "'";

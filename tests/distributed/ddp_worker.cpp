@@ -6,6 +6,7 @@
 #include <fulgur/callbacks/gradient_accumulation_scheduler.hpp>
 #include <fulgur/fulgur.hpp>
 
+#include "elastic.hpp"
 #include "worker.hpp"
 #include <torch/torch.h>
 
@@ -706,7 +707,9 @@ void stop_on_one_rank() {
 // Started without torchrun: the Trainer launches the 2 ranks itself (and this process supervises).
 void launched() {
   const char* fail = std::getenv("FULGUR_TEST_FAIL_RANK");
-  Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(config({.max_epochs = 2}), options());
+  TrainerConfig c = config({.max_epochs = 2});
+  if (const char* restarts = std::getenv("FULGUR_TEST_MAX_RESTARTS")) c.max_restarts = std::atoi(restarts);
+  Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(c, options());
   my_rank = trainer.global_rank();
   check(trainer.world_size() == 2, "the launcher started 2 ranks");
   if (fail && std::atoi(fail) == my_rank) {
@@ -817,6 +820,7 @@ int main(int argc, char** argv) {
                        else if (scenario == "stop_on_one_rank") stop_on_one_rank();
                        else if (scenario == "two_nodes") two_nodes();
                        else if (scenario == "preempt" && argc > 3) preempt(argv[2], argv[3]);
+                       else if (scenario == "elastic" && argc > 2) elastic::run<DDPStrategy>(argv[2]);
                        else return false;
                        return true;
                      });

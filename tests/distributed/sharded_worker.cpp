@@ -14,6 +14,7 @@
 #include "src/distributed/sharded_module_state.hpp"
 #include "src/distributed/sharded_reducer.hpp"
 
+#include "elastic.hpp"
 #include "worker.hpp"
 #include <torch/torch.h>
 
@@ -1481,6 +1482,10 @@ int main(int argc, char** argv) {
                      [&](const std::string& scenario) {
                        if (scenario == "memory_table") {
                          memory_table();
+                         return true;
+                       }
+                       if (scenario == "elastic" && argc > 2) {  // elastic.sh: ShardedStrategy<2>
+                         elastic::run<Zero<2>>(argv[2]);
                          return true;
                        }
                        if (scenario == "reshard_save" && argc > 2) {
