@@ -151,7 +151,12 @@ StepError step_failure(std::string_view step, const StepContext& ctx, std::strin
   // BatchNorm in training mode cannot normalize a batch of one (LibTorch's _verify_batch_size): almost always
   // the last batch of an epoch, where the dataset's size leaves one sample over. Not a dtype/shape/device issue.
   const std::string advice =
-      what.find("Expected more than 1 value per channel when training") != std::string::npos
+      what.find("returned nan values in its") != std::string::npos
+          ? ". autograd's anomaly mode (TrainerConfig::detect_anomaly) stopped the backward at the first function "
+            "whose gradient is NaN: it is the backward of the forward op named (SqrtBackward0: a sqrt). Look for a "
+            "gradient that divides by zero there (sqrt, log, pow or division at 0, also under a where() or a mask "
+            "that zeroes its result)."
+      : what.find("Expected more than 1 value per channel when training") != std::string::npos
           ? ". A batch norm layer in training mode cannot normalize a batch of one sample, which is usually the "
             "epoch's last batch when the dataset's size leaves one sample over: drop that batch with drop_last = true "
             "on the loader (fulgur::data::TensorLoaderOptions::drop_last), or choose a batch size that does not leave "
