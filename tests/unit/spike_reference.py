@@ -11,10 +11,11 @@ Fabric raised; <out_dir>/<case>/skip_batches.json is the file Fabric wrote (abse
 Numbers are float.hex() (exact; "nan", "inf" as C's strtod reads them).
 
 Anomaly cases: Lightning's Trainer(detect_anomaly=...) fitting the tiny modules of the C++ test for
-a few steps in 32-true; <out_dir>/anomaly.txt: per case, the global step at which fit raised (-1:
+a few steps in 32-true; <out_dir>/anomaly.txt (written last): per case, the global step at which fit raised (-1:
 none), the error's message, and whether the gate parameter ended finite.
 """
 import os
+import shutil
 import sys
 import warnings
 
@@ -121,6 +122,13 @@ def make_cases():
     w = walk(gen, 20, 1.0, 0.0, 0.02)
     w[10] *= 5.0
     case("json_path", w, exclude_batches_path="FILE")
+    # A NaN in warm-up is the last value (a decrease after it is "not better") and takes a window slot.
+    case("nan_last_value", [2.0, float("nan"), 1.5], warmup=2, window=3, rtol=0.1)
+    case("nan_takes_slot", [10.0, float("nan"), 1.0, 2.5], warmup=3, window=2, rtol=1.0)
+    # Tolerances compared in float32, as torch compares a float32 tensor with a Python float.
+    f32 = float(torch.tensor(0.7, dtype=torch.float32))
+    case("atol_float32", [0.0, 0.0, 0.0, 0.0, f32], atol=0.7, rtol=None)
+    case("rtol_float32", [1.0, 1.0, 1.0, 1.0, float.fromhex("0x1.e666660000000p+0")], rtol=0.9)
     return cases
 
 
@@ -228,5 +236,7 @@ def anomaly(out_dir):
 
 
 if __name__ == "__main__":
+    shutil.rmtree(sys.argv[1], ignore_errors=True)  # no file of an earlier run left to compare with
+    os.makedirs(sys.argv[1])
     spike(sys.argv[1])
     anomaly(sys.argv[1])
