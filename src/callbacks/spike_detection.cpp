@@ -1,6 +1,8 @@
 #include "fulgur/callbacks/spike_detection.hpp"
 
+#include <cctype>
 #include <cmath>
+#include <iterator>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -58,6 +60,41 @@ std::string SpikeDetection::bad_batches_file() const {
                                             : std::filesystem::path(options_.exclude_batches_path);
   if (!options_.exclude_batches_path.ends_with(".json")) path /= "skip_batches.json";
   return path.string();
+}
+
+std::vector<std::int64_t> SpikeDetection::read_bad_batches(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw Error("fulgur: SpikeDetection::read_bad_batches: cannot read '" + path +
+                "'; give the skip_batches.json a stopped run wrote (under its exclude_batches_path).");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto malformed = [&] {
+    return Error("fulgur: SpikeDetection::read_bad_batches: '" + path + "' is not a JSON list of batch indices: " +
+                 text.substr(0, 80));
+  };
+  // A JSON list of integers: '[', numbers separated by ',', ']', with white space anywhere.
+  std::vector<std::int64_t> indices;
+  std::size_t at = text.find_first_not_of(" \t\r\n");
+  if (at == std::string::npos || text[at] != '[') throw malformed();
+  bool expect_number = true, closed = false;
+  for (++at; at < text.size() && !closed; ++at) {
+    const char c = text[at];
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') continue;
+    if (c == ']' && (indices.empty() || !expect_number)) {
+      closed = true;
+    } else if (c == ',' && !expect_number) {
+      expect_number = true;
+    } else if (expect_number && (c == '-' || std::isdigit(static_cast<unsigned char>(c)))) {
+      std::size_t used = 0;
+      indices.push_back(std::stoll(text.substr(at, 24), &used));
+      at += used - 1;
+      expect_number = false;
+    } else {
+      throw malformed();
+    }
+  }
+  if (!closed || text.find_first_not_of(" \t\r\n", at) != std::string::npos) throw malformed();
+  return indices;
 }
 
 double SpikeDetection::running_mean() const {

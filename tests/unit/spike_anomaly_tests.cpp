@@ -3,6 +3,7 @@
 // test time, in one Python run.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -198,15 +199,65 @@ struct SpikyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Spiky);
 
-data::TensorLoader spiky_data(std::int64_t bad_batch) {
+std::pair<at::Tensor, at::Tensor> spiky_tensors(std::int64_t bad_batch) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   at::Tensor x = at::randn({64, 4}, gen);
   at::Tensor y = x.sum(1);
   if (bad_batch >= 0) y.narrow(0, bad_batch * 8, 8).fill_(100.0);
+  return {x, y};
+}
+
+data::TensorLoader spiky_data(std::int64_t bad_batch) {
+  auto [x, y] = spiky_tensors(bad_batch);
   return data::TensorLoader(x, y, {.batch_size = 8});
 }
 
+/// docs/spike_detection.md's sampler: the epoch's samples without those of the recorded batches.
+struct SkipRecordedBatches {
+  std::int64_t dataset_size = 0, batch_size = 0;
+  std::vector<std::int64_t> bad;  // SpikeDetection::read_bad_batches(...)
+  std::vector<std::int64_t> indices(std::int64_t /*epoch*/) const {
+    std::vector<std::int64_t> order;
+    for (std::int64_t i = 0; i < dataset_size; ++i)
+      if (std::find(bad.begin(), bad.end(), i / batch_size) == bad.end()) order.push_back(i);
+    return order;
+  }
+};
+
 }  // namespace
+
+TEST_CASE("SpikeDetection's roll-back workflow: resume from a checkpoint before the spike, the batches skipped",
+          "[spike]") {
+  const std::string folder = test::scratch_folder("spike_rollback");
+  using Run = test::CpuTrainer<FloatPrecision, ModelCheckpoint, SpikeDetection>;
+  const auto callbacks = [&] {
+    return std::make_tuple(
+        ModelCheckpoint({.dirpath = folder + "/ckpt", .filename = "{step}", .save_top_k = -1, .every_n_train_steps = 2}),
+        SpikeDetection({.exclude_batches_path = folder}));
+  };
+  std::int64_t spike_step = -1;
+  {
+    Spiky model;
+    auto [checkpoint, spike] = callbacks();
+    try {
+      Run(test::quiet({.max_epochs = 3}), checkpoint, spike).fit(model, spiky_data(5));
+    } catch (const TrainingSpikeError& e) {
+      spike_step = e.global_step();
+    }
+  }
+  REQUIRE(spike_step == 6);
+  const std::int64_t safe_step = (spike_step - 2) / 2 * 2;  // before batch_idx - 1's step
+  const auto bad = SpikeDetection::read_bad_batches(folder + "/skip_batches.json");
+  CHECK(bad == std::vector<std::int64_t>{4, 5});
+  auto [x, y] = spiky_tensors(5);
+  Spiky model;
+  auto [checkpoint, spike] = callbacks();
+  Run trainer(test::quiet({.max_epochs = 3}), checkpoint, spike);
+  data::DataLoader skipping(data::TensorDataset(x, y), {.batch_size = 8}, SkipRecordedBatches{64, 8, bad});
+  const FitResult r =
+      trainer.fit(model, skipping, {.ckpt_path = folder + "/ckpt/step=" + std::to_string(safe_step) + ".ckpt"});
+  CHECK(r.global_step == 18);  // 6 batches an epoch now, 3 epochs
+}
 
 TEST_CASE("SpikeDetection in fit: a poisoned batch stops the run with TrainingSpikeError", "[spike]") {
   const std::string folder = test::scratch_folder("spike_fit");
@@ -370,4 +421,22 @@ TEST_CASE("detect_anomaly under 16-mixed: the loss scaler skips the steps, no er
   CHECK(r.global_step == 3);
   CHECK(r.skipped_optimizer_steps == 3);
   CHECK(torch::isfinite(model->gate).all().item<bool>());
+}
+
+TEST_CASE("SpikeDetection::read_bad_batches reads what SpikeDetection and Fabric write, and refuses the rest",
+          "[spike]") {
+  const std::string folder = test::scratch_folder("spike_read");
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(folder + "/" + name) << text;
+    return folder + "/" + name;
+  };
+  // Fabric's file for two spikes (json.dump with indent=4), as the reference wrote it.
+  CHECK(SpikeDetection::read_bad_batches(reference_dir() + "/walk_min/skip_batches.json") ==
+        std::vector<std::int64_t>{29, 30, 30, 31});
+  CHECK(SpikeDetection::read_bad_batches(write("compact.json", "[-1,0, 7 ]\n")) == std::vector<std::int64_t>{-1, 0, 7});
+  CHECK(SpikeDetection::read_bad_batches(write("empty.json", "[]")).empty());
+  for (const char* bad : {"", "{}", "[1,]", "[1 2]", "[1", "[1] x", "[a]", "[,1]"})
+    CHECK_THROWS_WITH(SpikeDetection::read_bad_batches(write("bad.json", bad)),
+                      Catch::Contains("is not a JSON list of batch indices"));
+  CHECK_THROWS_WITH(SpikeDetection::read_bad_batches(folder + "/missing.json"), Catch::Contains("cannot read"));
 }

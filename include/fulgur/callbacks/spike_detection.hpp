@@ -65,6 +65,9 @@ class SpikeDetection {
   const std::vector<std::int64_t>& bad_batches() const { return bad_batches_; }
   /// Where the bad batches are written (exclude_batches_path resolved).
   std::string bad_batches_file() const;
+  /// The batch indices in a skip_batches.json (SpikeDetection's or Fabric's), for a sampler that
+  /// leaves them out when the run is rolled back; a missing or malformed file is an error naming it.
+  static std::vector<std::int64_t> read_bad_batches(const std::string& path);
   /// The running mean the next loss is compared with (NaN before any loss entered the window).
   double running_mean() const;
 
