@@ -156,15 +156,14 @@ void SpikeDetection::raise_spike(const at::Tensor& loss, std::int64_t batch_idx,
   bad_batches_.push_back(batch_idx - 1);
   bad_batches_.push_back(batch_idx);
   const std::string file = bad_batches_file();
+  bool written = true;  // by global rank 0; a failure is told in the spike's message, which stays the error
   if (global_rank == 0) {
     const std::filesystem::path parent = std::filesystem::path(file).parent_path();
     std::error_code ignored;
     if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
     std::ofstream out(file, std::ios::trunc);
     out << json_list(bad_batches_);
-    if (!out.flush())
-      throw Error("fulgur: SpikeDetection could not write the bad batches to '" + file +
-                    "'; set exclude_batches_path to a folder you can write to.");
+    written = static_cast<bool>(out.flush());
   }
   const double value = loss.item<double>();
   const double mean = running_mean();
@@ -182,8 +181,11 @@ void SpikeDetection::raise_spike(const at::Tensor& loss, std::int64_t batch_idx,
   throw TrainingSpikeError(
       "fulgur: SpikeDetection: training spike detected in batch " + std::to_string(batch_idx) +
           (global_step >= 0 ? " (global_step " + std::to_string(global_step) + ")" : std::string()) + ": " + why +
-          ". Batches " + std::to_string(batch_idx - 1) + " and " + std::to_string(batch_idx) + " are recorded in '" +
-          file + "': roll back to the last checkpoint and skip them (docs/spike_detection.md).",
+          ". Batches " + std::to_string(batch_idx - 1) + " and " + std::to_string(batch_idx) +
+          (written ? " are recorded in '" + file + "'"
+                   : " could not be recorded in '" + file + "' (set exclude_batches_path to a folder you can write "
+                     "to); all so far: " + json_list(bad_batches_)) +
+          ": roll back to the last checkpoint and skip them (docs/spike_detection.md).",
       batch_idx, global_step);
 }
 

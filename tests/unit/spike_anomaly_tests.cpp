@@ -440,3 +440,31 @@ TEST_CASE("SpikeDetection::read_bad_batches reads what SpikeDetection and Fabric
                       Catch::Contains("is not a JSON list of batch indices"));
   CHECK_THROWS_WITH(SpikeDetection::read_bad_batches(folder + "/missing.json"), Catch::Contains("cannot read"));
 }
+
+TEST_CASE("SpikeDetection, probed as a new user would: a NaN batch, a folder it cannot write to", "[spike]") {
+  const std::string folder = test::scratch_folder("spike_probe");
+  {
+    // A NaN target in batch 3: SpikeDetection (finite_only) stops before fulgur's NaN-loss check, with the
+    // batches recorded.
+    auto [x, y] = spiky_tensors(-1);
+    y[27] = std::numeric_limits<float>::quiet_NaN();
+    Spiky model;
+    test::CpuTrainer<FloatPrecision, SpikeDetection> trainer(test::quiet({.max_epochs = 1}),
+                                                             SpikeDetection({.exclude_batches_path = folder}));
+    const std::string message = test::message_of<TrainingSpikeError>(
+        [&] { trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 8})); });
+    CHECK_THAT(message, Catch::Contains("batch 3 (global_step 4): the loss is nan"));
+    CHECK(read_file(folder + "/skip_batches.json") == "[\n    2,\n    3\n]");
+  }
+  {
+    // A folder it cannot create: the spike is still the error, and its message holds the indices.
+    std::ofstream(folder + "/a_file") << "x";
+    SpikeDetection detector({.exclude_batches_path = folder + "/a_file/sub"});
+    detector.check(at::scalar_tensor(1.0), 0);
+    detector.check(at::scalar_tensor(1.0), 1);
+    const std::string message = test::message_of<TrainingSpikeError>([&] { detector.check(at::scalar_tensor(9.0), 2); });
+    CHECK_THAT(message, Catch::Contains("Batches 1 and 2 could not be recorded in '" + folder +
+                                        "/a_file/sub/skip_batches.json' (set exclude_batches_path to a folder you "
+                                        "can write to); all so far: [\n    1,\n    2\n]"));
+  }
+}
