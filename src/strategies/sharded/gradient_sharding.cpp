@@ -20,22 +20,33 @@ namespace fulgur::distributed {
 namespace {
 
 // The modules laid out by a GradientSharding (stage 2 or 3), with what finds their non-finite gradients.
+// A module is known by its address and its first parameter: the sharding holds its parameters, so a
+// module made later at the address of one destroyed is not taken for it.
+struct Registered {
+  const void* owner;
+  const c10::TensorImpl* first_parameter;
+  NonFiniteGradientNames names;
+};
 std::mutex registry_mutex;
-std::unordered_map<const torch::nn::Module*, std::pair<const void*, NonFiniteGradientNames>>& registry() {
-  static std::unordered_map<const torch::nn::Module*, std::pair<const void*, NonFiniteGradientNames>> modules;
+std::unordered_map<const torch::nn::Module*, Registered>& registry() {
+  static std::unordered_map<const torch::nn::Module*, Registered> modules;
   return modules;
+}
+const c10::TensorImpl* first_parameter(const torch::nn::Module& module) {
+  const auto parameters = module.parameters();
+  return parameters.empty() ? nullptr : parameters.front().unsafeGetTensorImpl();
 }
 
 }  // namespace
 
 void remember_sharded_module(const torch::nn::Module& module, const void* owner, NonFiniteGradientNames names) {
   std::lock_guard lock(registry_mutex);
-  registry()[&module] = {owner, std::move(names)};
+  registry()[&module] = Registered{owner, first_parameter(module), std::move(names)};
 }
 
 void forget_sharded_modules(const void* owner) {
   std::lock_guard lock(registry_mutex);
-  std::erase_if(registry(), [&](const auto& entry) { return entry.second.first == owner; });
+  std::erase_if(registry(), [&](const auto& entry) { return entry.second.owner == owner; });
 }
 
 std::vector<std::string> non_finite_gradient_names(const std::vector<std::unique_ptr<OptimizerShard>>& shards,
@@ -77,8 +88,8 @@ std::optional<std::vector<std::string>> sharded_non_finite_gradients(const torch
   {
     std::lock_guard lock(registry_mutex);
     const auto found = registry().find(&module);
-    if (found == registry().end()) return std::nullopt;
-    names = found->second.second;
+    if (found == registry().end() || found->second.first_parameter != first_parameter(module)) return std::nullopt;
+    names = found->second.names;
   }
   return names();
 }
