@@ -133,12 +133,12 @@ void SpikeDetection::update(double value) {
 void SpikeDetection::check(const at::Tensor& loss, std::int64_t batch_idx, std::int64_t global_step, int global_rank,
                            const ReduceDecision& reduce) {
   if (!loss.defined() || loss.numel() != 1 || !loss.is_floating_point())
-    throw MisconfigurationError("SpikeDetection checks one floating-point loss per batch; batch " +
-                                std::to_string(batch_idx) + " gave " +
-                                (loss.defined() ? "a tensor of " + std::to_string(loss.numel()) + " elements of dtype " +
-                                                      std::string(c10::toString(loss.scalar_type()))
-                                                : std::string("an undefined tensor")) +
-                                ".");
+    throw MisconfigurationError(
+        "SpikeDetection checks one floating-point loss per batch; batch " + std::to_string(batch_idx) + " gave " +
+        (loss.defined() ? "a tensor of " + std::to_string(loss.numel()) + " elements of dtype " +
+                              std::string(c10::toString(loss.scalar_type()))
+                        : std::string("an undefined tensor")) +
+        ".");
   const bool spiked_here = batch_idx >= options_.warmup && is_spike(loss);
   // Each rank decides on its own losses; any rank's spike stops every rank.
   const bool spiked = reduce ? reduce(spiked_here, false) : spiked_here;
@@ -170,7 +170,8 @@ void SpikeDetection::raise_spike(const at::Tensor& loss, std::int64_t batch_idx,
   const std::int64_t in_window = std::min<std::int64_t>(seen_, options_.window);
   std::string why;
   if (!spiked_here)
-    why = "another rank's loss spiked (this rank's loss is " + number(value) + ", its running mean " + number(mean) + ")";
+    why = "another rank's loss spiked (this rank's loss is " + number(value) + ", its running mean " + number(mean) +
+          ")";
   else if (!std::isfinite(value))
     why = "the loss is " + number(value) + " (finite_only: a non-finite loss is a spike)";
   else

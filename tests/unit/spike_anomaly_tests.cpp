@@ -153,7 +153,8 @@ TEST_CASE("SpikeDetection names the batch, the step, the loss and its running me
   SpikeDetection detector({.window = 3, .exclude_batches_path = folder + "/sub"});
   for (std::int64_t i = 0; i < 4; ++i) detector.check(at::scalar_tensor(1.0), i, 10 + i);
   CHECK(detector.running_mean() == 1.0);
-  const std::string message = test::message_of<TrainingSpikeError>([&] { detector.check(at::scalar_tensor(4.0), 4, 14); });
+  const std::string message =
+      test::message_of<TrainingSpikeError>([&] { detector.check(at::scalar_tensor(4.0), 4, 14); });
   CHECK_THAT(message, Catch::Contains("training spike detected in batch 4 (global_step 14): the loss 4 is above its "
                                       "running mean 1 over the last 3 batches by 3 (atol none, rtol 2)"));
   CHECK_THAT(message, Catch::Contains("Batches 3 and 4 are recorded in '" + folder + "/sub/skip_batches.json'"));
@@ -232,7 +233,8 @@ TEST_CASE("SpikeDetection's roll-back workflow: resume from a checkpoint before 
   using Run = test::CpuTrainer<FloatPrecision, ModelCheckpoint, SpikeDetection>;
   const auto callbacks = [&] {
     return std::make_tuple(
-        ModelCheckpoint({.dirpath = folder + "/ckpt", .filename = "{step}", .save_top_k = -1, .every_n_train_steps = 2}),
+        ModelCheckpoint(
+            {.dirpath = folder + "/ckpt", .filename = "{step}", .save_top_k = -1, .every_n_train_steps = 2}),
         SpikeDetection({.exclude_batches_path = folder}));
   };
   std::int64_t spike_step = -1;
@@ -387,7 +389,8 @@ TEST_CASE("detect_anomaly: a finite loss with an infinite gradient is an error n
   }
 }
 
-TEST_CASE("detect_anomaly: without it the run goes on and the weights turn NaN, as Lightning's", "[spike][detect_anomaly]") {
+TEST_CASE("detect_anomaly: without it the run goes on and the weights turn NaN, as Lightning's",
+          "[spike][detect_anomaly]") {
   const LightningAnomaly reference = lightning_anomaly().at("nan_plain");
   CHECK(reference.raised_step == -1);
   CHECK(!reference.gate_finite);
@@ -462,7 +465,8 @@ TEST_CASE("SpikeDetection, probed as a new user would: a NaN batch, a folder it 
     SpikeDetection detector({.exclude_batches_path = folder + "/a_file/sub"});
     detector.check(at::scalar_tensor(1.0), 0);
     detector.check(at::scalar_tensor(1.0), 1);
-    const std::string message = test::message_of<TrainingSpikeError>([&] { detector.check(at::scalar_tensor(9.0), 2); });
+    const std::string message =
+        test::message_of<TrainingSpikeError>([&] { detector.check(at::scalar_tensor(9.0), 2); });
     CHECK_THAT(message, Catch::Contains("Batches 1 and 2 could not be recorded in '" + folder +
                                         "/a_file/sub/skip_batches.json' (set exclude_batches_path to a folder you "
                                         "can write to); all so far: [\n    1,\n    2\n]"));
