@@ -159,7 +159,7 @@ TEST_CASE("SpikeDetection names the batch, the step, the loss and its running me
                                       "running mean 1 over the last 3 batches by 3 (atol none, rtol 2)"));
   CHECK_THAT(message, Catch::Contains("Batches 3 and 4 are recorded in '" + folder + "/sub/skip_batches.json'"));
   CHECK(read_file(folder + "/sub/skip_batches.json") == "[\n    3,\n    4\n]");
-  CHECK(detector.bad_batches() == std::vector<std::int64_t>{3, 4});
+  CHECK((detector.bad_batches() == std::vector<std::int64_t>{3, 4}));
 
   const std::string nan_message = test::message_of<TrainingSpikeError>(
       [&] { detector.check(at::scalar_tensor(std::numeric_limits<double>::quiet_NaN()), 5, 15); });
@@ -250,7 +250,7 @@ TEST_CASE("SpikeDetection's roll-back workflow: resume from a checkpoint before 
   REQUIRE(spike_step == 6);
   const std::int64_t safe_step = (spike_step - 2) / 2 * 2;  // before batch_idx - 1's step
   const auto bad = SpikeDetection::read_bad_batches(folder + "/skip_batches.json");
-  CHECK(bad == std::vector<std::int64_t>{4, 5});
+  CHECK((bad == std::vector<std::int64_t>{4, 5}));
   auto [x, y] = spiky_tensors(5);
   Spiky model;
   auto [checkpoint, spike] = callbacks();
@@ -434,9 +434,10 @@ TEST_CASE("SpikeDetection::read_bad_batches reads what SpikeDetection and Fabric
     return folder + "/" + name;
   };
   // Fabric's file for two spikes (json.dump with indent=4), as the reference wrote it.
-  CHECK(SpikeDetection::read_bad_batches(reference_dir() + "/walk_min/skip_batches.json") ==
-        std::vector<std::int64_t>{29, 30, 30, 31});
-  CHECK(SpikeDetection::read_bad_batches(write("compact.json", "[-1,0, 7 ]\n")) == std::vector<std::int64_t>{-1, 0, 7});
+  CHECK((SpikeDetection::read_bad_batches(reference_dir() + "/walk_min/skip_batches.json") ==
+         std::vector<std::int64_t>{29, 30, 30, 31}));
+  CHECK((SpikeDetection::read_bad_batches(write("compact.json", "[-1,0, 7 ]\n")) ==
+         std::vector<std::int64_t>{-1, 0, 7}));
   CHECK(SpikeDetection::read_bad_batches(write("empty.json", "[]")).empty());
   for (const char* bad : {"", "{}", "[1,]", "[1 2]", "[1", "[1] x", "[a]", "[,1]"})
     CHECK_THROWS_WITH(SpikeDetection::read_bad_batches(write("bad.json", bad)),
