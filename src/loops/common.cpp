@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "fulgur/loops/optimization.hpp"
+#include "src/strategies/sharded/gradient_check.hpp"
 
 namespace fulgur::loops {
 
@@ -151,7 +152,12 @@ StepError step_failure(std::string_view step, const StepContext& ctx, std::strin
   // BatchNorm in training mode cannot normalize a batch of one (LibTorch's _verify_batch_size): almost always
   // the last batch of an epoch, where the dataset's size leaves one sample over. Not a dtype/shape/device issue.
   const std::string advice =
-      what.find("Expected more than 1 value per channel when training") != std::string::npos
+      what.find("returned nan values in its") != std::string::npos
+          ? ". autograd's anomaly mode (TrainerConfig::detect_anomaly) stopped the backward at the first function "
+            "whose gradient is NaN: it is the backward of the forward op named (SqrtBackward0: a sqrt). Look for a "
+            "gradient that divides by zero there (sqrt, log, pow or division at 0, also under a where() or a mask "
+            "that zeroes its result)."
+      : what.find("Expected more than 1 value per channel when training") != std::string::npos
           ? ". A batch norm layer in training mode cannot normalize a batch of one sample, which is usually the "
             "epoch's last batch when the dataset's size leaves one sample over: drop that batch with drop_last = true "
             "on the loader (fulgur::data::TensorLoaderOptions::drop_last), or choose a batch size that does not leave "
@@ -180,8 +186,11 @@ void count_skipped_step(FitProgress& progress, const TrainerConfig& config, cons
         "TrainerConfig::max_consecutive_skipped_steps (0: never stop).");
 }
 
-void check_gradients_finite(torch::nn::Module& module, const StepContext& ctx, std::string_view precision) {
-  std::vector<std::string> names;
+namespace {
+
+/// The module's parameters whose .grad is NaN or infinite (whole gradients: one device, DDP, stage 1).
+std::vector<std::string> non_finite_gradients(torch::nn::Module& module) {
+  std::vector<std::string> names, bad;
   std::vector<at::Tensor> finite;
   for (const auto& item : module.named_parameters()) {
     const at::Tensor& grad = item.value().grad();
@@ -189,15 +198,24 @@ void check_gradients_finite(torch::nn::Module& module, const StepContext& ctx, s
     names.push_back(item.key());
     finite.push_back(at::isfinite(grad).all());
   }
-  if (finite.empty()) return;
+  if (finite.empty()) return bad;
   const at::Tensor flags = at::stack(finite).cpu();  // the one host sync detect_anomaly costs
   const bool* ok = flags.data_ptr<bool>();
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (!ok[i]) bad.push_back(names[i]);
+  return bad;
+}
+
+}  // namespace
+
+void check_gradients_finite(torch::nn::Module& module, const StepContext& ctx, std::string_view precision) {
+  // Under ShardedStrategy<2>/<3> the module keeps no gradient: each rank checks its shard, and the
+  // ranks agree on the names (a NaN in one rank's shard stops every rank, none waits in a collective).
+  auto sharded = distributed::sharded_non_finite_gradients(module);
+  const std::vector<std::string> names = sharded ? std::move(*sharded) : non_finite_gradients(module);
   std::string bad;
-  std::int64_t count = 0;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    if (ok[i]) continue;
-    if (++count <= 8) bad += (bad.empty() ? "'" : ", '") + names[i] + "'";
-  }
+  const auto count = static_cast<std::int64_t>(names.size());
+  for (std::size_t i = 0; i < names.size() && i < 8; ++i) bad += (bad.empty() ? "'" : ", '") + names[i] + "'";
   if (count == 0) return;
   if (count > 8) bad += " and " + std::to_string(count - 8) + " more";
   throw NonFiniteGradientError(

@@ -1459,12 +1459,46 @@ void accumulation_schedule() {
   }
 }
 
+/// TrainerConfig::detect_anomaly: an infinite gradient of fc2.bias made on the last rank only, at
+/// global step 1, stops every rank with the parameter named. Stages 2 and 3 keep no gradient on the
+/// module: each rank checks its shard (fc2.bias lies in the last rank's), and the ranks agree.
+struct PoisonedNetImpl : NetImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+    at::Tensor loss = NetImpl::training_step(b, i);
+    if (ctx.global_step != 1 || ctx.global_rank != ctx.world_size - 1) return loss;
+    const at::Tensor zero = fc2->bias[0] - fc2->bias[0].detach();  // 0, with d/dbias[0] = 1
+    return loss + zero.sqrt();  // finite loss; d sqrt/dz at 0 = inf, no NaN for anomaly mode to catch
+  }
+};
+
+template <class Strategy, class Options>
+void detect_anomaly(const Options& strategy_options) {
+  torch::manual_seed(3);
+  auto model = std::make_shared<PoisonedNetImpl>();
+  auto [x, y] = dataset(16 * world_from_environment());
+  Trainer<CPUAccelerator, Strategy, FloatPrecision> trainer(config({.max_steps = 3, .detect_anomaly = true}),
+                                                            strategy_options);
+  my_rank = trainer.global_rank();
+  std::string message = "<no error>";
+  try {
+    trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 8}));
+  } catch (const NonFiniteGradientError& e) {
+    message = e.what();
+  }
+  check(message.find("the gradient of 1 parameter is NaN or infinite ('fc2.bias') after the backward of "
+                     "training_step at epoch 0, batch 1 (global_step 1)") != std::string::npos,
+        "detect_anomaly names fc2.bias on every rank: " + message);
+}
+
 template <int Stage>
 bool dispatch(const std::string& scenario, int argc, char** argv) {
   if (scenario == "parity") parity<Stage>();
   else if (scenario == "variants") variants<Stage>();
   else if (scenario == "memory") memory<Stage>();
-  else if (scenario == "overflow") overflow<Stage>();
+  else if (scenario == "overflow") {
+    overflow<Stage>();
+    detect_anomaly<Zero<Stage>>(options());
+  }
   else if (scenario == "checkpoints" && argc > 2) checkpoints<Stage>(argv[2]);
   else if (scenario == "refusals") refusals<Stage>();
   else if (scenario == "accumulation_schedule") accumulation_schedule<Stage>();
@@ -1503,7 +1537,10 @@ int main(int argc, char** argv) {
                        else if (scenario == "fault@3") fault3();
                        else if (scenario == "memory@3") memory3();
                        else if (scenario == "meta@3") meta3();
-                       else if (scenario == "builtins@3") builtins3();
+                       else if (scenario == "builtins@3") {
+                         builtins3();
+                         detect_anomaly<Zero<3>>(fsdp({}));
+                       }
                        else if (scenario == "checkpoints@3" && argc > 2) checkpoints3(argv[2]);
                        else return false;
                        return true;

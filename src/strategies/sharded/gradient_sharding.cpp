@@ -8,14 +8,97 @@
 #include "fulgur/precision/grad_scaler.hpp"
 #include "fulgur/strategies/clipping.hpp"
 #include "src/distributed/process_group.hpp"
+#include "src/strategies/sharded/gradient_check.hpp"
 #include "src/strategies/sharded/state.hpp"
 
+#include <algorithm>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+
 namespace fulgur::distributed {
+namespace {
+
+// The modules laid out by a GradientSharding (stage 2 or 3), with what finds their non-finite gradients.
+// A module is known by its address and its first parameter: the sharding holds its parameters, so a
+// module made later at the address of one destroyed is not taken for it.
+struct Registered {
+  const void* owner;
+  const c10::TensorImpl* first_parameter;
+  NonFiniteGradientNames names;
+};
+std::mutex registry_mutex;
+std::unordered_map<const torch::nn::Module*, Registered>& registry() {
+  static std::unordered_map<const torch::nn::Module*, Registered> modules;
+  return modules;
+}
+const c10::TensorImpl* first_parameter(const torch::nn::Module& module) {
+  const auto parameters = module.parameters();
+  return parameters.empty() ? nullptr : parameters.front().unsafeGetTensorImpl();
+}
+
+}  // namespace
+
+void remember_sharded_module(const torch::nn::Module& module, const void* owner, NonFiniteGradientNames names) {
+  std::lock_guard lock(registry_mutex);
+  registry()[&module] = Registered{owner, first_parameter(module), std::move(names)};
+}
+
+void forget_sharded_modules(const void* owner) {
+  std::lock_guard lock(registry_mutex);
+  std::erase_if(registry(), [&](const auto& entry) { return entry.second.owner == owner; });
+}
+
+std::vector<std::string> non_finite_gradient_names(const std::vector<std::unique_ptr<OptimizerShard>>& shards,
+                                          const std::vector<std::pair<std::string, at::Tensor>>& named,
+                                          ProcessGroup& group) {
+  at::NoGradGuard no_grad;
+  std::unordered_map<const void*, std::size_t> index;
+  for (std::size_t i = 0; i < named.size(); ++i) index.emplace(named[i].second.unsafeGetTensorImpl(), i);
+  std::vector<at::Tensor> bad(named.size() + 1);  // the last: a parameter outside the module
+  const std::int64_t rank = group.rank();
+  at::Device device = at::kCPU;
+  for (const auto& shard : shards)
+    for (const OptimizerShard::Bucket* b : shard->buckets()) {
+      device = b->shard_grad.device();
+      const std::int64_t chunk = b->shard_grad.numel(), begin = rank * chunk, end = begin + chunk;
+      for (const OptimizerShard::Slot& s : b->slots) {
+        const std::int64_t from = std::max(begin, s.offset), to = std::min(end, s.offset + s.param.numel());
+        if (from >= to) continue;
+        const auto found = index.find(s.param.unsafeGetTensorImpl());
+        at::Tensor& flag = bad[found == index.end() ? named.size() : found->second];
+        const at::Tensor here = at::isfinite(b->shard_grad.narrow(0, from - begin, to - from)).all().logical_not();
+        flag = flag.defined() ? flag.logical_or(here) : here;
+      }
+    }
+  for (at::Tensor& flag : bad)
+    if (!flag.defined()) flag = at::zeros({}, at::TensorOptions().dtype(at::kBool).device(device));
+  at::Tensor flags = at::stack(bad).to(at::kInt);
+  group.all_reduce(flags, ReduceOp::max);
+  flags = flags.cpu();  // the one host sync of the check
+  std::vector<std::string> names;
+  const int* data = flags.data_ptr<int>();
+  for (std::size_t i = 0; i < bad.size(); ++i)
+    if (data[i] != 0) names.push_back(i < named.size() ? named[i].first : "(a parameter the module does not name)");
+  return names;
+}
+
+std::optional<std::vector<std::string>> sharded_non_finite_gradients(const torch::nn::Module& module) {
+  NonFiniteGradientNames names;
+  {
+    std::lock_guard lock(registry_mutex);
+    const auto found = registry().find(&module);
+    if (found == registry().end() || found->second.first_parameter != first_parameter(module)) return std::nullopt;
+    names = found->second.names;
+  }
+  return names();
+}
 
 GradientSharding::GradientSharding(DataParallel& ddp) : OptimizerSharding(ddp), gradients_(std::make_unique<Gradients>()) {}
-GradientSharding::~GradientSharding() = default;
+GradientSharding::~GradientSharding() { forget_sharded_modules(this); }
 
 void GradientSharding::reset() {
+  forget_sharded_modules(this);
   gradients_->reducer.reset();  // first: its destructor removes its hooks
   OptimizerSharding::reset();
 }
@@ -23,6 +106,9 @@ void GradientSharding::reset() {
 void GradientSharding::set_module(torch::nn::Module& module) {
   reset();
   gradients_->named_parameters = ddp().broadcast_module(module);  // meta tensors: broadcast when materialised
+  remember_sharded_module(module, this, [this] {
+    return non_finite_gradient_names(shards(), gradients_->named_parameters, ddp().group());
+  });
 }
 
 void GradientSharding::add_optimizer(torch::optim::Optimizer& optimizer) {

@@ -12,6 +12,7 @@
 #include "fulgur/errors.hpp"
 #include "src/distributed/meta_init.hpp"
 #include "src/distributed/sharded_module_state.hpp"
+#include "src/strategies/sharded/gradient_check.hpp"
 #include "src/strategies/sharded/state.hpp"
 
 namespace fulgur::distributed {
@@ -37,6 +38,9 @@ void ParameterSharding::set_module(torch::nn::Module& module) {
   parameters_->units = wrap_units(module, parameters_->options.auto_wrap);
   parameters_->module = &module;
   parameters_->meta_pending = meta_tensors(module);
+  remember_sharded_module(module, static_cast<const GradientSharding*>(this), [this] {
+    return non_finite_gradient_names(shards(), gradients_->named_parameters, ddp().group());
+  });
 }
 
 bool ParameterSharding::module_to_device(torch::nn::Module& module, c10::Device device) {
