@@ -83,7 +83,7 @@ void check_parts(const c10::IValue& value) {
 }
 
 /// An error's first line, without its closing full stop (the report goes on after it).
-std::string first_line(const std::string& text) {
+std::string error_summary(const std::string& text) {
   std::string line = text.substr(0, text.find('\n'));
   while (!line.empty() && (line.back() == '.' || line.back() == ' ')) line.pop_back();
   return line;
@@ -120,7 +120,7 @@ ResumePoint newest_complete_checkpoint(const std::vector<std::string>& folders, 
     try {
       readable.push_back({progress_of(checkpoint::load(candidate.path)), candidate.written, candidate.path});
     } catch (const std::exception& e) {
-      unreadable.emplace_back(candidate, first_line(e.what()));
+      unreadable.emplace_back(candidate, error_summary(e.what()));
     }
   }
   auto later = [](const timespec& a, const timespec& b) {
@@ -140,7 +140,7 @@ ResumePoint newest_complete_checkpoint(const std::vector<std::string>& folders, 
       point.global_step = r.step;
       break;
     } catch (const std::exception& e) {
-      point.skipped.push_back(r.path + " (global step " + std::to_string(r.step) + "): " + first_line(e.what()));
+      point.skipped.push_back(r.path + " (global step " + std::to_string(r.step) + "): " + error_summary(e.what()));
     }
   }
   // An unreadable file matters where it may have been the newest: written after the one chosen.

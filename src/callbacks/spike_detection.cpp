@@ -12,7 +12,7 @@
 namespace fulgur {
 namespace {
 
-std::string number(double v) {
+std::string loss_text(double v) {
   if (std::isnan(v)) return "nan";  // not printf's "-nan" for 0 / 0
   char text[32];
   std::snprintf(text, sizeof text, "%.6g", v);
@@ -170,15 +170,15 @@ void SpikeDetection::raise_spike(const at::Tensor& loss, std::int64_t batch_idx,
   const std::int64_t in_window = std::min<std::int64_t>(seen_, options_.window);
   std::string why;
   if (!spiked_here)
-    why = "another rank's loss spiked (this rank's loss is " + number(value) + ", its running mean " + number(mean) +
+    why = "another rank's loss spiked (this rank's loss is " + loss_text(value) + ", its running mean " + loss_text(mean) +
           ")";
   else if (!std::isfinite(value))
-    why = "the loss is " + number(value) + " (finite_only: a non-finite loss is a spike)";
+    why = "the loss is " + loss_text(value) + " (finite_only: a non-finite loss is a spike)";
   else
-    why = "the loss " + number(value) + " is " + (options_.mode == MonitorMode::min ? "above" : "below") +
-          " its running mean " + number(mean) + " over the last " + std::to_string(in_window) + " batches by " +
-          number(std::abs(value - mean)) + " (atol " + (options_.atol ? number(*options_.atol) : "none") + ", rtol " +
-          (options_.rtol ? number(*options_.rtol) : "none") + ")";
+    why = "the loss " + loss_text(value) + " is " + (options_.mode == MonitorMode::min ? "above" : "below") +
+          " its running mean " + loss_text(mean) + " over the last " + std::to_string(in_window) + " batches by " +
+          loss_text(std::abs(value - mean)) + " (atol " + (options_.atol ? loss_text(*options_.atol) : "none") + ", rtol " +
+          (options_.rtol ? loss_text(*options_.rtol) : "none") + ")";
   throw TrainingSpikeError(
       "fulgur: SpikeDetection: training spike detected in batch " + std::to_string(batch_idx) +
           (global_step >= 0 ? " (global_step " + std::to_string(global_step) + ")" : std::string()) + ": " + why +

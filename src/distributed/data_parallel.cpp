@@ -16,7 +16,9 @@
 
 namespace fulgur::distributed {
 
-namespace {
+// A named namespace, not an anonymous one: DataParallel::State holds it (GCC's -Wsubobject-linkage where
+// this file is compiled in a unity batch).
+namespace detail {
 // The process group as SyncBatchNorm sees it; cut off when the DataParallel goes (a module that
 // outlives the run then normalises as BatchNorm).
 class SyncGroup final : public nn::BatchNormSyncGroup {
@@ -34,7 +36,7 @@ class SyncGroup final : public nn::BatchNormSyncGroup {
   }
   ProcessGroup* group_;
 };
-}  // namespace
+}  // namespace detail
 
 struct DataParallel::State {
   DDPOptions options;
@@ -42,7 +44,7 @@ struct DataParallel::State {
   c10::Device device{c10::kCPU};
   std::unique_ptr<ProcessGroup> group;
   std::unique_ptr<GradientReducer> reducer;  // declared after the group: destroyed before it (its hooks first)
-  std::shared_ptr<SyncGroup> sync_group;     // given to the model's SyncBatchNorm layers
+  std::shared_ptr<detail::SyncGroup> sync_group;     // given to the model's SyncBatchNorm layers
 };
 
 DataParallel::DataParallel(const ParallelDevices& parallel, const DDPOptions& options) : state_(std::make_unique<State>()) {
@@ -81,7 +83,7 @@ void DataParallel::connect(DDPBackend backend) {
                            : s.device.is_cuda()         ? BackendKind::nccl
                                                          : BackendKind::gloo;
   s.group = std::make_unique<ProcessGroup>(kind, s.env, s.options.timeout, s.device);
-  s.sync_group = std::make_shared<SyncGroup>(*s.group);
+  s.sync_group = std::make_shared<detail::SyncGroup>(*s.group);
 }
 
 ProcessGroup& DataParallel::group() {

@@ -24,13 +24,17 @@
 #include "fulgur/profilers/report_file.hpp"
 
 namespace fulgur {
+namespace detail {
+/// torch.profiler.ProfilerAction. Outside the anonymous namespace: TorchProfiler::State holds one (GCC's
+/// -Wsubobject-linkage where this file is compiled in a unity batch).
+enum class ProfilerPhase { none, warmup, record, record_and_save };
+}  // namespace detail
+
 namespace {
 
 namespace kineto = torch::autograd::profiler;
 namespace impl = torch::profiler::impl;
-
-/// torch.profiler.ProfilerAction.
-enum class Phase { none, warmup, record, record_and_save };
+using Phase = detail::ProfilerPhase;
 
 /// torch.profiler.schedule's function.
 Phase phase_at(const ProfilerSchedule& s, std::int64_t step) {
