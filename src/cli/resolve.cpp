@@ -44,8 +44,10 @@ std::size_t invalid_utf8_at(std::string_view text) {
     unsigned low = 0x80, high = 0xBF;  // the range of the first continuation byte (RFC 3629's table)
     if (lead < 0x80) length = 1;
     else if (lead >= 0xC2 && lead <= 0xDF) length = 2;
-    else if (lead >= 0xE0 && lead <= 0xEF) length = 3, low = lead == 0xE0 ? 0xA0 : 0x80, high = lead == 0xED ? 0x9F : 0xBF;
-    else if (lead >= 0xF0 && lead <= 0xF4) length = 4, low = lead == 0xF0 ? 0x90 : 0x80, high = lead == 0xF4 ? 0x8F : 0xBF;
+    else if (lead >= 0xE0 && lead <= 0xEF)  // no overlong form (E0), no surrogate (ED)
+      length = 3, low = lead == 0xE0 ? 0xA0 : 0x80, high = lead == 0xED ? 0x9F : 0xBF;
+    else if (lead >= 0xF0 && lead <= 0xF4)  // no overlong form (F0), nothing past U+10FFFF (F4)
+      length = 4, low = lead == 0xF0 ? 0x90 : 0x80, high = lead == 0xF4 ? 0x8F : 0xBF;
     else return i;
     for (std::size_t k = 1; k < length; ++k)
       if (byte(k) < (k == 1 ? low : 0x80) || byte(k) > (k == 1 ? high : 0xBF)) return i;

@@ -200,8 +200,8 @@ TEST_CASE("cli: text that is not UTF-8 is refused, naming the byte and where", "
 
 TEST_CASE("cli: control characters and YAML's line breaks in a value print escaped and read back", "[cli][fuzz]") {
   const cli::Schema schema = test_schema();
-  for (const std::string value : {"a\x01b", "carriage\rreturn", "del\x7F", "nel\xC2\x85x", "ls\xE2\x80\xA8ps\xE2\x80\xA9",
-                                  "tab\tand\nnewline", "\x1B[31mred"}) {
+  for (const std::string value : {"a\x01b", "carriage\rreturn", "del\x7F", "nel\xC2\x85x",
+                                  "ls\xE2\x80\xA8ps\xE2\x80\xA9", "tab\tand\nnewline", "\x1B[31mred"}) {
     cli::Config config(schema);
     config.apply(set("trainer.name", value));
     REQUIRE(config.problems().empty());
@@ -209,7 +209,8 @@ TEST_CASE("cli: control characters and YAML's line breaks in a value print escap
     INFO(text);
     // Only YAML's printable characters (PyYAML, which reads the printed config for Lightning, refuses
     // the others) and no YAML 1.1 line break (PyYAML would read one as a new line).
-    CHECK(std::none_of(text.begin(), text.end(), [](char c) { return (c >= 0 && c < 0x20 && c != '\n') || c == 0x7F; }));
+    CHECK(std::none_of(text.begin(), text.end(),
+                       [](char c) { return (c >= 0 && c < 0x20 && c != '\n') || c == 0x7F; }));
     for (const char* line_break : {"\xC2\x85", "\xE2\x80\xA8", "\xE2\x80\xA9"})
       CHECK(text.find(line_break) == std::string::npos);
     cli::Config again(schema);

@@ -224,7 +224,8 @@ Bytes token_input(const std::vector<Bytes>& seeds, Rng& rng) {
 
 const fulgur::cli::Schema& cli_schema() {
   static const fulgur::cli::Schema schema =
-      fulgur::cli::detail::root_schema<tiny::Tiny, tiny::TinyData>(fulgur::shipped_trainers, fulgur::cli::shipped_classes{});
+      fulgur::cli::detail::root_schema<tiny::Tiny, tiny::TinyData>(fulgur::shipped_trainers,
+                                                                   fulgur::cli::shipped_classes{});
   return schema;
 }
 
@@ -306,7 +307,8 @@ struct Shared {  // in memory shared with the forked child that runs a batch
 /// The input as a file the readers can open (an in-memory file: no disk I/O).
 std::string as_file(const Bytes& input) {
   static const int fd = ::memfd_create("fulgur-fuzz", MFD_CLOEXEC);
-  if (fd < 0 || ::ftruncate(fd, 0) != 0 || ::pwrite(fd, input.data(), input.size(), 0) != static_cast<ssize_t>(input.size()))
+  if (fd < 0 || ::ftruncate(fd, 0) != 0 ||
+      ::pwrite(fd, input.data(), input.size(), 0) != static_cast<ssize_t>(input.size()))
     bug("cannot write the input to a memfd");
   return "/proc/self/fd/" + std::to_string(fd);
 }
@@ -321,8 +323,9 @@ void run_npy(const Bytes& input) {
   if (array.size() > 0) {
     for (const std::int64_t i : {std::int64_t{0}, array.size() - 1}) {
       const at::Tensor sample = array.get(i);
-      if (sample.numel() > 0 && std::memcmp(sample.data_ptr(), input.data() + array.data_offset() + i * (elements / array.size()) * element,
-                                            static_cast<std::size_t>(sample.numel() * element)) != 0)
+      const char* in_file = input.data() + array.data_offset() + i * (elements / array.size()) * element;
+      if (sample.numel() > 0 &&
+          std::memcmp(sample.data_ptr(), in_file, static_cast<std::size_t>(sample.numel() * element)) != 0)
         bug("sample " + std::to_string(i) + " is not the file's bytes");
     }
     (void)array.tensor().sum();  // every element, through a kernel
@@ -335,7 +338,8 @@ void run_npy(const Bytes& input) {
 }
 
 void run_tokens(const Bytes& input) {
-  const fulgur::data::TokenDataset tokens(as_file(input.substr(1)), token_options(static_cast<unsigned char>(input[0])));
+  const fulgur::data::TokenDataset tokens(as_file(input.substr(1)),
+                                          token_options(static_cast<unsigned char>(input[0])));
   for (const std::int64_t i : {std::int64_t{0}, tokens.size() - 1}) {
     const fulgur::data::Batch b = tokens.get(i);
     if (b.input.numel() != tokens.context() || !at::equal(b.input.slice(0, 1), b.target.slice(0, 0, -1)))
@@ -456,7 +460,8 @@ int main(int argc, char** argv) {
   const std::string which = argc >= 2 ? argv[1] : "";
   const bool known = which == "npy" || which == "tokens" || which == "cli";
   if (!known || argc < 3) {
-    std::fprintf(stderr, "usage: %s <npy|tokens|cli> (<seconds> <seed> | --replay <file>... | --write-seeds <folder>)\n",
+    std::fprintf(stderr,
+                 "usage: %s <npy|tokens|cli> (<seconds> <seed> | --replay <file>... | --write-seeds <folder>)\n",
                  argv[0]);
     return 2;
   }
@@ -486,10 +491,12 @@ int main(int argc, char** argv) {
   const std::uint64_t seed = std::strtoull(argv[3], nullptr, 10);
   const Corpus corpus{target, seeds_of(target), seed};
   if (target == Target::cli) (void)cli_schema();  // built once, before the children fork
-  auto* shared = static_cast<Shared*>(::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* shared = static_cast<Shared*>(
+      ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
-  const Clock::time_point deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  const Clock::time_point deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   std::uint64_t next = 0, accepted = 0, refused = 0, failures = 0;
   while (Clock::now() < deadline) {
     std::memset(shared, 0, sizeof(Shared));
@@ -518,9 +525,9 @@ int main(int argc, char** argv) {
     next = first + shared->done;
     if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
       const std::uint64_t n = shared->current;
-      const std::string why = WIFSIGNALED(status) ? (WTERMSIG(status) == SIGKILL ? "hung (killed after 20 s)"
-                                                                                  : std::string("crashed: ") + strsignal(WTERMSIG(status)))
-                                                  : std::string(shared->message);
+      const std::string why = !WIFSIGNALED(status)        ? std::string(shared->message)
+                              : WTERMSIG(status) == SIGKILL ? std::string("hung (killed after 20 s)")
+                                                            : std::string("crashed: ") + strsignal(WTERMSIG(status));
       const char* folder = std::getenv("FULGUR_FUZZ_ARTIFACTS");
       const std::string path = std::string(folder ? folder : ".") + "/" + name_of(target) + "-fuzz-" +
                                std::to_string(seed) + "-" + std::to_string(n) + ".bin";

@@ -14,9 +14,9 @@
 // model, alternating a single-device Trainer (CSV logging, a checkpoint, validation) and a DDP Trainer
 // over a world of one (RANK=0, WORLD_SIZE=1: a process group and a TCP store each time). The memory
 // after the loop may exceed the memory after the first few fits (10%, at least 4) by less than 2% and
-// by no more than 2 KiB a fit on average, or 1 MiB in all if more (2% of LibTorch's ~360 MiB would hide
+// by no more than 1 KiB a fit on average, or 1 MiB in all if more (2% of LibTorch's ~360 MiB would hide
 // a leak of several KiB a fit; 1 MiB is above the few hundred KiB a run of 100 fits varies by);
-// descriptors and threads must be the same.
+// descriptors and threads must be the same. FULGUR_SOAK_FITS=single or =ddp runs only that kind.
 //
 // "Memory" is the resident set (/proc/self/statm) less the bytes glibc's malloc holds free for reuse
 // (mallinfo2's fordblks): what the process uses, live allocations and mappings alike, without the
@@ -193,12 +193,16 @@ bool long_run(std::int64_t steps, std::int64_t sample_every, std::int64_t epoch_
     constant = constant && samples[i].fds == warm.fds && samples[i].threads == warm.threads;
   const Usage during_end = samples[samples.size() - 2];
   std::printf("(long run, at the warm-up's end and after each quarter of the rest:");
-  for (const auto& [what, field] : {std::pair{"RSS", &Usage::rss_kib}, std::pair{"malloc's bytes in use", &Usage::heap_kib},
+  const auto at_quarter = [&](int quarter) {
+    return samples[warm_at - 1 + (samples.size() - 1 - warm_at) * static_cast<std::size_t>(quarter) / 4];
+  };
+  for (const auto& [what, field] : {std::pair{"RSS", &Usage::rss_kib},
+                                    std::pair{"malloc's bytes in use", &Usage::heap_kib},
                                     std::pair{"malloc's free bytes", &Usage::free_kib},
                                     std::pair{"file-backed", &Usage::file_kib}}) {
     std::printf(" %s", what);
     for (int quarter = 0; quarter <= 4; ++quarter)
-      std::printf(" %s", mib(samples[warm_at - 1 + (samples.size() - 1 - warm_at) * static_cast<std::size_t>(quarter) / 4].*field).c_str());
+      std::printf(" %s", mib(at_quarter(quarter).*field).c_str());
     std::printf(";");
   }
   std::printf(" %lld epochs of %lld batches, FitResult keeps one EpochSummary each)\n",
@@ -211,6 +215,11 @@ bool long_run(std::int64_t steps, std::int64_t sample_every, std::int64_t epoch_
 }
 
 /// One fit of a few steps with a new Trainer: single-device with logging and a checkpoint, or DDP over a world of one.
+const std::string kFitKind = [] {  // FULGUR_SOAK_FITS=single or ddp: only that kind (to find which one leaks)
+  const char* kind = std::getenv("FULGUR_SOAK_FITS");
+  return std::string(kind ? kind : "");
+}();
+
 void one_fit(std::int64_t i, const Data& train, const Data& val, const std::string& root) {
   const std::string dir = root + "/fit";
   Mlp model;
@@ -219,7 +228,7 @@ void one_fit(std::int64_t i, const Data& train, const Data& val, const std::stri
   fulgur::TrainerConfig c = base_config(dir);
   c.max_epochs = 2;
   c.log_every_n_steps = 1;
-  if (i % 2 == 0) {
+  if (kFitKind == "single" || (kFitKind != "ddp" && i % 2 == 0)) {
     fulgur::Trainer<fulgur::CPUAccelerator, fulgur::SingleDeviceStrategy, fulgur::FloatPrecision, fulgur::CSVLogger,
                     fulgur::ModelCheckpoint>
         trainer(c, fulgur::CSVLogger(), fulgur::ModelCheckpoint());
@@ -238,7 +247,8 @@ bool many_fits(std::int64_t fits, const std::string& root) {
   // torchrun's variables for a world of one: the DDP Trainers join it (a TCP store on this port each fit).
   ::setenv("RANK", "0", 1), ::setenv("WORLD_SIZE", "1", 1), ::setenv("LOCAL_RANK", "0", 1);
   ::setenv("LOCAL_WORLD_SIZE", "1", 1), ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-  if (std::getenv("MASTER_PORT") == nullptr) ::setenv("MASTER_PORT", std::to_string(29800 + ::getpid() % 1000).c_str(), 1);
+  if (std::getenv("MASTER_PORT") == nullptr)
+    ::setenv("MASTER_PORT", std::to_string(29800 + ::getpid() % 1000).c_str(), 1);
   const Data train = make_data(64), val = make_data(32);
   const std::int64_t first = std::max<std::int64_t>(4, fits / 10);
   const Clock::time_point start = Clock::now();
@@ -249,12 +259,15 @@ bool many_fits(std::int64_t fits, const std::string& root) {
   }
   const Usage end = sample();
   if (fits >= first)
-    std::printf("(fits: memory %+lld KiB over the %lld fits after the first %lld, %.2f KiB a fit; the limit: 2 KiB a fit, 1 MiB at least)\n",
+    std::printf("(fits: malloc's bytes in use %+lld KiB; memory %+lld KiB over the %lld fits after the first %lld, "
+                "%.2f KiB a fit; the limit: 1 KiB a fit, 1 MiB at least)\n",
+                static_cast<long long>(end.heap_kib - warm.heap_kib),
                 static_cast<long long>(end.used_kib() - warm.used_kib()), static_cast<long long>(fits - first),
                 static_cast<long long>(first),
-                static_cast<double>(end.used_kib() - warm.used_kib()) / static_cast<double>(std::max<std::int64_t>(1, fits - first)));
+                static_cast<double>(end.used_kib() - warm.used_kib()) /
+                    static_cast<double>(std::max<std::int64_t>(1, fits - first)));
   return report("fits", std::to_string(fits) + " fits", since(start), fits >= first ? warm : end, end, true,
-                std::max<std::int64_t>(1024, 2 * (fits - first)));
+                std::max<std::int64_t>(1024, fits - first));
 }
 
 std::int64_t positive(const char* text, const char* what) {
@@ -276,7 +289,8 @@ int main(int argc, char** argv) {
     if (i + 1 < argc && arg == "--steps") steps = positive(argv[++i], "--steps");
     else if (i + 1 < argc && arg == "--fits") fits = positive(argv[++i], "--fits");
     else if (i + 1 < argc && arg == "--sample-every") sample_every = positive(argv[++i], "--sample-every");
-    else if (i + 1 < argc && arg == "--epoch-batches") epoch_batches = std::max<std::int64_t>(1, positive(argv[++i], "--epoch-batches"));
+    else if (i + 1 < argc && arg == "--epoch-batches")
+      epoch_batches = std::max<std::int64_t>(1, positive(argv[++i], "--epoch-batches"));
     else {
       std::fprintf(stderr, "usage: %s [--steps N] [--fits M] [--sample-every K] [--epoch-batches B]\n", argv[0]);
       return 2;
