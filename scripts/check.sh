@@ -5,7 +5,10 @@
 #   scripts/check.sh tsan    TSan build (build-tsan/): DDP, sharded, launcher and fault tests on 2 ranks, DataLoader workers
 #   scripts/check.sh clang   clang build (build-clang/): library, tests and compile-fail suite
 #   scripts/check.sh tidy    clang-tidy (.clang-tidy) over src/ and include/ (build-tidy/: configured only)
-#   scripts/check.sh all     the four, in that order
+#   scripts/check.sh fuzz    the readers of outside input fuzzed for a fixed budget (FULGUR_FUZZ_SECONDS
+#                            each, default 120): the seeded mutation fuzzers (checkpoint, npy, tokens, cli),
+#                            then the libFuzzer targets with ASan + UBSan in the clang build (build-clang/)
+#   scripts/check.sh all     the five, in that order
 #
 # Extra arguments go to ctest (e.g. -R 'sharded' to narrow a sanitizer run).
 set -euo pipefail
@@ -13,7 +16,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 jobs="${FULGUR_JOBS:-$(nproc)}"
 supp="$root/scripts/sanitizers"
 
-usage() { sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 job="$1"; shift
 # clang-16 comes with the test suite's set-up (the compile-fail cases use it); clang-tidy with the gates.
@@ -77,11 +80,42 @@ run_tidy() {
   echo "clang-tidy: ${#sources[@]} sources (and the headers they include) clean"
 }
 
+run_fuzz() {
+  local seconds="${FULGUR_FUZZ_SECONDS:-120}" dir="$root/build-clang" artifacts
+  artifacts="$(mktemp -d)"
+  export FULGUR_FUZZ_ARTIFACTS="$artifacts"
+  # The seeded mutation fuzzers, in the default build (GCC): fixed inputs per seed, reproducible.
+  cmake --build "$root/build" -j "$jobs" --target fulgur_checkpoint_fuzz fulgur_reader_fuzz
+  "$root/build/tests/checkpoint/fulgur_checkpoint_fuzz" "$seconds" 11
+  for target in npy tokens cli; do "$root/build/tests/fuzz/fulgur_reader_fuzz" "$target" "$seconds" 11; done
+  # libFuzzer, coverage-guided, under ASan + UBSan, from the mutation fuzzers' seeds.
+  CXX=clang++-16 configure_and_build "$dir" fulgur_checkpoint_libfuzzer fulgur_npy_libfuzzer fulgur_tokens_libfuzzer \
+    fulgur_cli_libfuzzer -- -DCMAKE_BUILD_TYPE=Release
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp"
+  export ASAN_OPTIONS="detect_leaks=0"  # LibTorch's zip reader leaks on a refused archive (lsan.supp says which)
+  for target in npy tokens cli; do
+    mkdir -p "$artifacts/$target-corpus"
+    "$root/build/tests/fuzz/fulgur_reader_fuzz" "$target" --write-seeds "$artifacts/$target-corpus"
+    "$dir/tests/fuzz/fulgur_${target}_libfuzzer" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 \
+      -artifact_prefix="$artifacts/$target-" -print_final_stats=1 "$artifacts/$target-corpus" 2>&1 |
+      grep -E '^(stat::number_of_executed_units|Done|==[0-9]+==ERROR|SUMMARY)' | sed "s/^/$target libFuzzer: /"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "$target libFuzzer: FAILED, inputs in $artifacts"; exit 1; }
+  done
+  mkdir -p "$artifacts/checkpoint-corpus"
+  "$dir/tests/checkpoint/fulgur_checkpoint_libfuzzer" -max_total_time="$seconds" -timeout=60 -rss_limit_mb=4096 \
+    -artifact_prefix="$artifacts/checkpoint-" -print_final_stats=1 "$artifacts/checkpoint-corpus" 2>&1 |
+    grep -E '^(stat::number_of_executed_units|Done|==[0-9]+==ERROR|SUMMARY)' | sed "s/^/checkpoint libFuzzer: /"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "checkpoint libFuzzer: FAILED, inputs in $artifacts"; exit 1; }
+  rm -rf "$artifacts"
+  echo "fuzz: every target ran ${seconds} s with 0 crashes"
+}
+
 case "$job" in
   asan) run_asan "$@" ;;
   tsan) run_tsan "$@" ;;
   clang) run_clang "$@" ;;
   tidy) run_tidy ;;
-  all) run_tidy; run_asan "$@"; run_tsan "$@"; run_clang "$@" ;;
+  fuzz) run_fuzz ;;
+  all) run_tidy; run_asan "$@"; run_tsan "$@"; run_clang "$@"; run_fuzz ;;
   *) usage ;;
 esac

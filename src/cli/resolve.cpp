@@ -6,8 +6,11 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 namespace fulgur::cli {
 
@@ -30,6 +33,34 @@ std::string where_in_file(const std::string& file, const YAML::Node& node) {
   const YAML::Mark mark = node.Mark();
   if (mark.line < 0) return file;
   return file + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+/// Where `text` stops being UTF-8 (the only encoding fulgur reads YAML in), or npos.
+std::size_t invalid_utf8_at(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto byte = [&](std::size_t k) { return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0u; };
+    const unsigned lead = byte(0);
+    std::size_t length = 0;
+    unsigned low = 0x80, high = 0xBF;  // the range of the first continuation byte (RFC 3629's table)
+    if (lead < 0x80) length = 1;
+    else if (lead >= 0xC2 && lead <= 0xDF) length = 2;
+    else if (lead >= 0xE0 && lead <= 0xEF)  // no overlong form (E0), no surrogate (ED)
+      length = 3, low = lead == 0xE0 ? 0xA0 : 0x80, high = lead == 0xED ? 0x9F : 0xBF;
+    else if (lead >= 0xF0 && lead <= 0xF4)  // no overlong form (F0), nothing past U+10FFFF (F4)
+      length = 4, low = lead == 0xF0 ? 0x90 : 0x80, high = lead == 0xF4 ? 0x8F : 0xBF;
+    else return i;
+    for (std::size_t k = 1; k < length; ++k)
+      if (byte(k) < (k == 1 ? low : 0x80) || byte(k) > (k == 1 ? high : 0xBF)) return i;
+    i += length;
+  }
+  return std::string_view::npos;
+}
+
+std::string not_utf8(std::string_view text, std::size_t at) {
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(text[at])));
+  return "is not UTF-8 text (byte " + std::string(byte) + " at offset " + std::to_string(at) +
+         "); YAML configs and values are read as UTF-8: convert it (e.g. iconv -t UTF-8)";
 }
 
 std::string join_key(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
@@ -148,14 +179,27 @@ void Config::apply(const Source& source) {
       problem("--config " + source.text, "is a directory; give a YAML file");
       return;
     }
-    try {
-      file.reset(text ? YAML::Load(source.text) : YAML::LoadFile(source.text));
-    } catch (const YAML::BadFile&) {
-      problem("--config " + source.text, "cannot read the file (" +
-                                             (std::filesystem::exists(source.text) ? std::string("not readable")
-                                                                                   : std::string("no such file")) +
-                                             ")");
+    std::string content;
+    if (text) {
+      content = source.text;
+    } else {
+      std::ifstream in(source.text, std::ios::binary);
+      if (in) content.assign(std::istreambuf_iterator<char>(in), {});
+      if (!in && !in.eof()) {
+        problem("--config " + source.text, "cannot read the file (" +
+                                               (std::filesystem::exists(source.text) ? std::string("not readable")
+                                                                                     : std::string("no such file")) +
+                                               ")");
+        return;
+      }
+    }
+    // yaml-cpp takes other bytes as they come, and the printed config would not read back.
+    if (const std::size_t at = invalid_utf8_at(content); at != std::string_view::npos) {
+      problem(text ? name : "--config " + name, not_utf8(content, at));
       return;
+    }
+    try {
+      file.reset(YAML::Load(content));
     } catch (const YAML::ParserException& e) {
       problem(name + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1),
               "YAML syntax error: " + e.msg);
@@ -176,6 +220,10 @@ void Config::apply(const Source& source) {
       }
       apply_node(tree_, key, *child, entry.second, key, name, false);
     }
+    return;
+  }
+  if (const std::size_t at = invalid_utf8_at(source.text); at != std::string_view::npos) {
+    problem(!source.origin.empty() ? source.origin : "--" + source.key, "the value " + not_utf8(source.text, at));
     return;
   }
   const std::string where = !source.origin.empty() ? source.origin

@@ -1,5 +1,6 @@
 // fulgur::cli's output: the resolved config as YAML, --help, and the loggers' flat hyper-parameters.
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 
 #include "fulgur/cli/resolve.hpp"
@@ -18,8 +19,11 @@ bool needs_quotes(const YAML::Node& node) {
   if (s.empty()) return true;
   if (node.Tag() == "!" && looks_like_other_type(node)) return true;
   if (s.front() == ' ' || s.back() == ' ' || s.back() == ':') return true;
-  if (s.find(": ") != std::string::npos || s.find(" #") != std::string::npos || s.find('\n') != std::string::npos ||
-      s.find('\t') != std::string::npos)
+  if (s.find(": ") != std::string::npos || s.find(" #") != std::string::npos) return true;
+  // Control characters, and YAML 1.1's line breaks NEL, LS and PS: escaped (a plain scalar would break).
+  if (std::any_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7F; }) ||
+      s.find("\xC2\x85") != std::string::npos || s.find("\xE2\x80\xA8") != std::string::npos ||
+      s.find("\xE2\x80\xA9") != std::string::npos)
     return true;
   static constexpr std::string_view special = "-?:,[]{}#&*!|>'\"%@`";
   return special.find(s.front()) != std::string_view::npos && !as_number(YAML::Node(s));
@@ -29,11 +33,26 @@ std::string scalar_text(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) return "null";
   if (!needs_quotes(node)) return node.Scalar();
   std::string out = "\"";
-  for (char c : node.Scalar()) {
-    if (c == '"' || c == '\\') out += '\\', out += c;
-    else if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else out += c;
+  const std::string& s = node.Scalar();
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const auto at = [&](std::string_view bytes) { return s.compare(i, bytes.size(), bytes) == 0; };
+    if (c == '"' || c == '\\') {
+      out += '\\', out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02X", static_cast<unsigned>(c));
+      out += escaped;
+    } else if (at("\xC2\x85") || at("\xE2\x80\xA8") || at("\xE2\x80\xA9")) {  // NEL, LS, PS
+      out += c == '\xC2' ? "\\u0085" : s[i + 2] == '\xA8' ? "\\u2028" : "\\u2029";  // yaml-cpp reads \\N as 0x85
+      i += c == '\xC2' ? 1 : 2;
+    } else {
+      out += c;
+    }
   }
   return out + "\"";
 }

@@ -2,6 +2,7 @@
 // class naming where it came from, and the printed config reading back to the same text.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -159,6 +160,65 @@ TEST_CASE("cli: every value type reads from YAML and prints back to the same tex
   CHECK(t.name == "123");
   CHECK(std::get<std::string>(t.devices) == "0,1");
   CHECK(t.lr == 1.0);
+}
+
+// Found by tests/fuzz/readers.cpp (fuzz.cli): hours beyond a long long's seconds printed as a negative
+// "DD:HH:MM:SS" that did not read back.
+TEST_CASE("cli: a duration too long for DD:HH:MM:SS prints as seconds and reads back the same", "[cli][fuzz]") {
+  const cli::Schema schema = test_schema();
+  cli::Config config(schema);
+  config.apply(set("trainer.max_time", "00:0184467440737095516160:10:00"));
+  REQUIRE(config.problems().empty());
+  const std::string text = cli::to_yaml_text(config.tree());
+  CHECK_THAT(text, !Catch::Contains("max_time: \"-"));
+  cli::Config again(schema);
+  again.apply({cli::Source::Kind::text, "printed", text});
+  INFO(text);
+  REQUIRE(again.problems().empty());
+  CHECK(cli::to_yaml_text(again.tree()) == text);
+  CHECK(cli::read_as<Settings>(again.tree()["trainer"], "trainer").max_time->count() ==
+        cli::read_as<Settings>(config.tree()["trainer"], "trainer").max_time->count());
+}
+
+// Found by fuzz.cli: bytes that are not UTF-8 were taken as they came, and their printed config did not
+// read back; control characters and YAML 1.1's line breaks were printed in plain scalars.
+TEST_CASE("cli: text that is not UTF-8 is refused, naming the byte and where", "[cli][fuzz]") {
+  CHECK_THAT(problem_of({{cli::Source::Kind::text, "bad.yaml", "model:\n  monitor: val_\xE0@x\n"}}),
+             Catch::StartsWith("bad.yaml: is not UTF-8 text (byte 0xE0 at offset 22)"));
+  const auto file = write_file("latin1.yaml", "trainer:\n  name: caf\xE9\n");
+  CHECK_THAT(problem_of({{cli::Source::Kind::file, "", file}}),
+             Catch::StartsWith("--config " + file + ": is not UTF-8 text (byte 0xE9 at offset 20)"));
+  CHECK_THAT(problem_of({set("trainer.name", "\xC0\xAF")}),  // an overlong '/'
+             Catch::StartsWith("--trainer.name: the value is not UTF-8 text (byte 0xC0 at offset 0)"));
+  CHECK_THAT(problem_of({set("trainer.name", "\xED\xA0\x80")}), Catch::Contains("byte 0xED"));  // a surrogate
+  // UTF-8 of every length is read.
+  const cli::Schema schema = test_schema();  // Config keeps a pointer to it
+  cli::Config config(schema);
+  config.apply(set("trainer.name", "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"));
+  CHECK(config.problems().empty());
+}
+
+TEST_CASE("cli: control characters and YAML's line breaks in a value print escaped and read back", "[cli][fuzz]") {
+  const cli::Schema schema = test_schema();
+  for (const std::string value : {"a\x01b", "carriage\rreturn", "del\x7F", "nel\xC2\x85x",
+                                  "ls\xE2\x80\xA8ps\xE2\x80\xA9", "tab\tand\nnewline", "\x1B[31mred"}) {
+    cli::Config config(schema);
+    config.apply(set("trainer.name", value));
+    REQUIRE(config.problems().empty());
+    const std::string text = cli::to_yaml_text(config.tree());
+    INFO(text);
+    // Only YAML's printable characters (PyYAML, which reads the printed config for Lightning, refuses
+    // the others) and no YAML 1.1 line break (PyYAML would read one as a new line).
+    CHECK(std::none_of(text.begin(), text.end(),
+                       [](char c) { return (c >= 0 && c < 0x20 && c != '\n') || c == 0x7F; }));
+    for (const char* line_break : {"\xC2\x85", "\xE2\x80\xA8", "\xE2\x80\xA9"})
+      CHECK(text.find(line_break) == std::string::npos);
+    cli::Config again(schema);
+    again.apply({cli::Source::Kind::text, "printed", text});
+    REQUIRE(again.problems().empty());
+    CHECK(cli::read_as<Settings>(again.tree()["trainer"], "trainer").name == value);
+    CHECK(cli::to_yaml_text(again.tree()) == text);
+  }
 }
 
 TEST_CASE("cli: a str key takes the command line's text as written, and values print normalised", "[cli]") {

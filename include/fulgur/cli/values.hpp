@@ -205,12 +205,15 @@ struct value_traits<std::chrono::duration<Rep, Period>> {
       return false;
     }
     if (!(seconds >= 0) || !std::isfinite(seconds)) return false;
+    // Beyond D's range the cast is undefined (a fuzzed "00:1e20:00:00" came back negative).
+    if (seconds >= std::chrono::duration<double>(D::max()).count()) return false;
     value = std::chrono::duration_cast<D>(std::chrono::duration<double>(seconds));
     return true;
   }
   static YAML::Node write(const D& value) {
     const double seconds = std::chrono::duration<double>(value).count();
-    if (seconds != std::floor(seconds)) return YAML::Node(number_text(seconds));
+    // A fraction, or more seconds than "DD:HH:MM:SS" can count in a long long: plain seconds.
+    if (seconds != std::floor(seconds) || seconds >= 9.2e18) return YAML::Node(number_text(seconds));
     auto whole = static_cast<long long>(seconds);
     char text[48];
     std::snprintf(text, sizeof text, "%02lld:%02lld:%02lld:%02lld", whole / 86400, whole / 3600 % 24, whole / 60 % 60,
