@@ -53,6 +53,7 @@
 #include "fulgur/update_bn.hpp"
 #include "fulgur/callbacks/gradient_accumulation_scheduler.hpp"
 #include "fulgur/callbacks/backbone_finetuning.hpp"
+#include "fulgur/callbacks/spike_detection.hpp"
 #include "fulgur/nn/activation_checkpointing.hpp"
 #include "fulgur/nn/sync_batchnorm.hpp"
 #include "fulgur/grad_norm.hpp"

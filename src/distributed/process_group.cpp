@@ -390,13 +390,16 @@ ProcessGroup::ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std:
     static auto& generations = *new std::map<std::string, int>;
     std::lock_guard<std::mutex> lock(stores_mutex);
     auto& store = stores[where];
-    if (!store) {
+    if (env.world_size == 1) {
+      // A world of one: nothing to meet, no port, and a store of the group's own, gone with it (in the shared
+      // one each Trainer's keys stayed: ~5 KiB a fit, found by the soak test's 1,000 fits).
+      impl_->serves_store = false;
+      impl_->store = c10::make_intrusive<c10d::HashStore>();
+    } else if (!store) {
       c10d::TCPStoreOptions options;
       options.port = static_cast<std::uint16_t>(env.master_port);
       options.timeout = timeout;
-      if (env.source == ClusterEnvironment::Source::none && env.world_size == 1) {
-        store = c10::make_intrusive<c10d::HashStore>();  // a world of one: nothing to meet, no port
-      } else if (env.use_agent_store) {
+      if (env.use_agent_store) {
         // torchrun's agent already serves the store; its keys live under /worker/attempt_<n>.
         options.isServer = false;
         options.waitWorkers = false;
@@ -411,9 +414,12 @@ ProcessGroup::ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std:
         store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
       }
     }
-    store->setTimeout(timeout);
-    impl_->serves_store = env.rank == 0 && !env.use_agent_store && env.world_size > 1;
-    impl_->store = c10::make_intrusive<c10d::PrefixStore>("fulgur_group_" + std::to_string(generations[where]++), store);
+    if (env.world_size > 1) {
+      store->setTimeout(timeout);
+      impl_->serves_store = env.rank == 0 && !env.use_agent_store;
+      impl_->store =
+          c10::make_intrusive<c10d::PrefixStore>("fulgur_group_" + std::to_string(generations[where]++), store);
+    }
   } catch (const std::exception& e) {
     throw DistributedError("fulgur: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
                            " could not meet the others at " + where + " within " +

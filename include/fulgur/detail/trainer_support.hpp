@@ -26,7 +26,9 @@ std::string resolve_path(const TrainerConfig& config, const std::string& path);
 /// fit's ckpt_path as it is loaded: "last" — the newest last*.ckpt in default_root_dir/checkpoints
 /// and `checkpoint_folders` (what the callbacks and loggers name), else "" and a warning; "hpc" — the
 /// newest hpc_ckpt_{n}.ckpt in default_root_dir (an error if none); none in a SLURM batch job with
-/// auto_requeue — that one, if any (Lightning's auto-resume); any other path under default_root_dir.
+/// auto_requeue — that one, if any (Lightning's auto-resume); none in a restarted worker group
+/// (TORCHELASTIC_RESTART_COUNT or SLURM_RESTART_COUNT > 0) — the newest complete checkpoint of those
+/// folders and the hpc ones (detail/elastic_resume.hpp); any other path under default_root_dir.
 /// Absolute, or empty for a fresh start.
 std::string fit_checkpoint(const TrainerConfig& config, const std::string& ckpt_path,
                            const std::vector<std::string>& checkpoint_folders, bool global_zero,
