@@ -19,7 +19,9 @@
 namespace fulgur {
 
 struct OnExceptionCheckpointOptions {
-  std::string dirpath{};  ///< required, as Lightning's (an exception can come before any setup); relative: to the current directory
+  /// Required, as Lightning's (an exception can come before any set-up); a relative one is taken
+  /// from the current directory.
+  std::string dirpath{};
   std::string filename = "on_exception";  ///< without the extension: ".ckpt" is appended
 };
 

@@ -118,14 +118,15 @@ class FitState {
   /// What fit needs to go on exactly from here: Lightning's .ckpt keys, plus each rank's random
   /// state and, inside an accumulation window, its gradients. Every rank calls it (the per-rank
   /// parts are gathered); global rank 0 writes.
-  /// `at`: the state of a completed step remembered earlier (its position and random state; the
-  /// weights, optimizer and callbacks as they are now, which the caller checked have not moved on).
+  /// Where the loop was after a completed optimizer step (mark_completed_step).
   struct CompletedStep {
     FitProgress progress;
     std::int64_t skipped_total = 0;
-    std::optional<StateDict> loader;
-    StateDict random;
+    std::optional<StateDict> loader;  // the training loader's own state, if it keeps one
+    StateDict random;                 // this rank's random state
   };
+  /// `at`: the checkpoint of that completed step instead (its position and random state; the weights,
+  /// optimizers and callbacks as they are now, which the caller checked have not moved on since).
   StateDict checkpoint_state(bool weights_only, const CompletedStep* at = nullptr);
   void write_checkpoint(const std::string& path, bool weights_only) { host_link_.save(path, checkpoint_state(weights_only)); }
   void remove_checkpoint(const std::string& path);
