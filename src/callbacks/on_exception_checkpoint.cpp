@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <utility>
 
 #include "fulgur/detail/files.hpp"
 #include "fulgur/errors.hpp"
@@ -28,6 +29,7 @@ std::string OnExceptionCheckpoint::ckpt_path() const {
 }
 
 void OnExceptionCheckpoint::setup(TrainerView& trainer, Stage stage) {
+  keep_ = false;
   if (stage == Stage::fit) trainer.track_completed_steps();
 }
 
@@ -36,6 +38,14 @@ void OnExceptionCheckpoint::on_exception(TrainerView& trainer, const std::except
   // Relative to the current directory, as Lightning's os.path.join (fulgur's save would put a
   // relative path under default_root_dir).
   const std::string path = detail::absolute_path(ckpt_path());
+  if (dynamic_cast<const Interrupted*>(&e) != nullptr) {
+    // Ctrl-C or a preemption signal is taken between steps (agreed on by every rank): the state
+    // where fit stopped resumes exactly. fit returns and tears down; the file stays.
+    trainer.save_checkpoint(path);
+    keep_ = true;
+    trainer.warn("fulgur: OnExceptionCheckpoint wrote '" + path + "' where the interrupted fit stopped.");
+    return;
+  }
   const bool peers_reachable = dynamic_cast<const DistributedError*>(&e) == nullptr;
   const std::string step = trainer.completed_step_text();
   const std::string why = trainer.save_completed_step(path, peers_reachable);
@@ -53,7 +63,7 @@ void OnExceptionCheckpoint::on_exception(TrainerView& trainer, const std::except
 void OnExceptionCheckpoint::teardown(TrainerView& trainer, Stage stage) {
   // Lightning's: a stage that ends well removes the file (global rank 0; absent is fine).
   (void)stage;
-  if (!trainer.is_global_zero()) return;
+  if (std::exchange(keep_, false) || !trainer.is_global_zero()) return;
   (void)::unlink(detail::absolute_path(ckpt_path()).c_str());
 }
 

@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -26,7 +27,7 @@ namespace {
 /// One injected failure: where, and at which training batch (counted from 1 over the run) or epoch
 /// start (counted from 1). It fires once.
 struct Fault {
-  enum Where { none, setup, training_step, batch_start, epoch_start, optimizer_step, batch_end };
+  enum Where { none, setup, training_step, batch_start, epoch_start, optimizer_step, batch_end, sigint };
   Where where = none;
   std::int64_t at = -1;
   std::int64_t batches = 0, epochs = 0;
@@ -98,6 +99,7 @@ struct Injector {
   }
   void on_train_batch_end(TrainerView&) {
     if (fault->fires(Fault::batch_end, fault->batches)) throw std::runtime_error("injected: on_train_batch_end failed");
+    if (fault->fires(Fault::sigint, fault->batches)) std::raise(SIGINT);
   }
 };
 
@@ -192,6 +194,22 @@ TEST_CASE("OnExceptionCheckpoint: no checkpoint where no consistent state exists
   CHECK_THAT(failed.error, Catch::Contains("injected"));
   CHECK_FALSE(exists(dir + "/on_exception.ckpt"));
   CHECK_THAT(failed.stderr_text, Catch::Contains("OnExceptionCheckpoint wrote no checkpoint: ") && Catch::Contains(why));
+}
+
+TEST_CASE("OnExceptionCheckpoint: Ctrl-C writes where fit stopped, which resumes exactly, and keeps it", "[on_exception]") {
+  const std::string dir = test::scratch_folder("on_exception_sigint");
+  const Outcome straight = train({}, 2, test::scratch_folder("on_exception_sigint_straight"));
+  const Outcome stopped = train({.where = Fault::sigint, .at = 7}, 2, dir);
+  REQUIRE(stopped.error.empty());
+  CHECK(stopped.global_step == 3);  // batch 7 finished (mid-window), nothing after it ran
+  const std::string path = dir + "/on_exception.ckpt";
+  REQUIRE(exists(path));  // not removed by the teardown an interrupted fit still runs
+  CHECK_THAT(stopped.stderr_text, Catch::Contains("where the interrupted fit stopped"));
+  const std::string copy = test::scratch_folder("on_exception_sigint_resume") + "/from.ckpt";
+  REQUIRE(std::rename(path.c_str(), copy.c_str()) == 0);
+  const Outcome resumed = train({}, 2, dir, copy);
+  REQUIRE(resumed.error.empty());
+  for (std::size_t i = 0; i < straight.weights.size(); ++i) CHECK(test::identical(straight.weights[i], resumed.weights[i]));
 }
 
 TEST_CASE("OnExceptionCheckpoint: a fit that ends well removes the file (Lightning's teardown)", "[on_exception]") {

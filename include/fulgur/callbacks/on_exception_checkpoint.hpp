@@ -5,8 +5,9 @@
 // (FitOptions::ckpt_path) exactly as the run would have gone on from that step — the failing batch
 // runs again, and under gradient accumulation the whole unfinished window. An exception from
 // inside the optimizer step (weights perhaps half updated), or after a step before its batch
-// ended, writes nothing and says why; so does a failure the DDP ranks cannot agree on. A fit that
-// ends well removes the file (Lightning's teardown).
+// ended, writes nothing and says why; so does a failure the DDP ranks cannot agree on. A Ctrl-C or
+// a preemption signal (taken between steps) writes the state where fit stopped, and the file stays.
+// A fit that ends well removes the file (Lightning's teardown).
 //
 // Cost: while it is in the Trainer, the loop keeps, after each optimizer step, its counters, the
 // random state and the loader's own state (no weights); nothing without it.
@@ -42,6 +43,7 @@ class OnExceptionCheckpoint {
 
  private:
   OnExceptionCheckpointOptions options_;
+  bool keep_ = false;  // written for an interruption, whose fit still tears down
 };
 
 }  // namespace fulgur
