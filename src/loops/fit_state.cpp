@@ -508,6 +508,9 @@ void FitState::remember_completed_step() {
 
 std::string FitState::completed_step_text() const {
   if (!completed_step_) return {};
+  if (!progress_.in_epoch && frozen_loop_.has_value() && completed_step_->progress.global_step != progress_.global_step)
+    return "global_step " + std::to_string(progress_.global_step) + " (epoch " +
+           std::to_string(progress_.epochs_done - 1) + ", where the run stopped)";
   const FitProgress& p = completed_step_->progress;
   const bool mid_epoch = p.in_epoch && p.batches_in_epoch > 0;
   return "global_step " + std::to_string(p.global_step) + " (epoch " + std::to_string(p.epochs_done) +
@@ -516,12 +519,15 @@ std::string FitState::completed_step_text() const {
 
 std::string FitState::save_completed_step(const std::string& path, bool peers_reachable) {
   std::string why;
+  // A run that stopped mid-epoch (max_steps, a stop request) and failed after its training loop
+  // (on_train_end, on_fit_end): its position is frozen where it stopped, which resumes exactly.
+  const bool stopped_mid_epoch = !progress_.in_epoch && frozen_loop_.has_value();
   if (progress_.in_optimizer_step)
     why = "the exception came from inside the optimizer step of global step " + std::to_string(progress_.global_step) +
           ", so the weights may be partly updated and no consistent state exists";
   else if (!completed_step_)
     why = "the exception came before the first training batch: nothing was trained yet";
-  else if (completed_step_->progress.global_step != progress_.global_step)
+  else if (completed_step_->progress.global_step != progress_.global_step && !stopped_mid_epoch)
     why = "the exception came after the optimizer step of global step " + std::to_string(progress_.global_step - 1) +
           ", before its batch or epoch ended (on_train_batch_end, validation, the epoch's end or the run's end): the "
           "weights have moved past every position a checkpoint can resume from; the last checkpoint ModelCheckpoint "
@@ -548,7 +554,8 @@ std::string FitState::save_completed_step(const std::string& path, bool peers_re
   }
   if (!why.empty()) return why;
   try {
-    host_link_.save(path, checkpoint_state(/*weights_only=*/false, &*completed_step_));
+    const bool current = stopped_mid_epoch && completed_step_->progress.global_step != progress_.global_step;
+    host_link_.save(path, checkpoint_state(/*weights_only=*/false, current ? nullptr : &*completed_step_));
   } catch (const std::exception& e) {
     return "writing it failed: " + detail::first_line(without_prefix(e.what()));
   }

@@ -27,7 +27,7 @@ namespace {
 /// One injected failure: where, and at which training batch (counted from 1 over the run) or epoch
 /// start (counted from 1). It fires once.
 struct Fault {
-  enum Where { none, setup, training_step, batch_start, epoch_start, optimizer_step, batch_end, sigint };
+  enum Where { none, setup, training_step, batch_start, epoch_start, optimizer_step, batch_end, sigint, train_end };
   Where where = none;
   std::int64_t at = -1;
   std::int64_t batches = 0, epochs = 0;
@@ -94,6 +94,9 @@ struct Injector {
   void on_train_epoch_start(TrainerView&) {
     if (fault->fires(Fault::epoch_start, ++fault->epochs)) throw std::runtime_error("injected: on_train_epoch_start failed");
   }
+  void on_train_end(TrainerView&) {
+    if (fault->fires(Fault::train_end, 1)) throw std::runtime_error("injected: on_train_end failed");
+  }
   void on_train_batch_start(TrainerView&) {
     if (fault->fires(Fault::batch_start, ++fault->batches)) throw std::runtime_error("injected: on_train_batch_start failed");
   }
@@ -120,14 +123,15 @@ struct Outcome {
 };
 
 /// 8 batches an epoch, 3 epochs, validation every 4 batches.
-Outcome train(Fault fault, std::int64_t accumulate, const std::string& dir, const std::string& resume_from = "") {
+Outcome train(Fault fault, std::int64_t accumulate, const std::string& dir, const std::string& resume_from = "",
+              std::int64_t max_steps = -1) {
   torch::manual_seed(resume_from.empty() ? 7 : 99);  // a resumed run starts from other weights
   FaultNet net(&fault);
   auto [x, y] = test::classification_data(64, 3);
   auto [vx, vy] = test::classification_data(16, 4);
   data::TensorLoader train_data(x, y, {.batch_size = 8, .shuffle = true, .seed = 11});
   data::TensorLoader val_data(vx, vy, {.batch_size = 8});
-  TrainerConfig config{.max_epochs = 3, .accumulate_grad_batches = accumulate, .val_check_interval = 4,
+  TrainerConfig config{.max_epochs = 3, .max_steps = max_steps, .accumulate_grad_batches = accumulate, .val_check_interval = 4,
                        .log_every_n_steps = 1, .default_root_dir = dir, .enable_progress_bar = false};
   Trainer<CPU, Single, FloatPrecision, Injector, OnExceptionCheckpoint> trainer(
       config, Injector{&fault}, OnExceptionCheckpoint({.dirpath = dir}));
@@ -194,6 +198,22 @@ TEST_CASE("OnExceptionCheckpoint: no checkpoint where no consistent state exists
   CHECK_THAT(failed.error, Catch::Contains("injected"));
   CHECK_FALSE(exists(dir + "/on_exception.ckpt"));
   CHECK_THAT(failed.stderr_text, Catch::Contains("OnExceptionCheckpoint wrote no checkpoint: ") && Catch::Contains(why));
+}
+
+TEST_CASE("OnExceptionCheckpoint: a run stopped mid-epoch by max_steps that fails in on_train_end", "[on_exception]") {
+  const std::string dir = test::scratch_folder("on_exception_train_end");
+  const Outcome straight = train({}, 1, test::scratch_folder("on_exception_train_end_straight"), "", 13);
+  const Outcome failed = train({.where = Fault::train_end, .at = 1}, 1, dir, "", 11);
+  CHECK_THAT(failed.error, Catch::Contains("injected: on_train_end"));
+  const std::string path = dir + "/on_exception.ckpt";
+  REQUIRE(exists(path));
+  CHECK_THAT(failed.stderr_text, Catch::Contains("global_step 11 (epoch 1, where the run stopped)"));
+  const std::string copy = test::scratch_folder("on_exception_train_end_resume") + "/from.ckpt";
+  REQUIRE(std::rename(path.c_str(), copy.c_str()) == 0);
+  const Outcome resumed = train({}, 1, dir, copy, 13);  // on to a later max_steps: as if never stopped
+  REQUIRE(resumed.error.empty());
+  CHECK(resumed.global_step == 13);
+  for (std::size_t i = 0; i < straight.weights.size(); ++i) CHECK(test::identical(straight.weights[i], resumed.weights[i]));
 }
 
 TEST_CASE("OnExceptionCheckpoint: Ctrl-C writes where fit stopped, which resumes exactly, and keeps it", "[on_exception]") {
