@@ -106,6 +106,7 @@ void CSVLogger::log_hyperparams(const Hyperparameters& hparams) {
     detail::make_directories(log_dir());
     loggers::detail::write_hparams_yaml(log_dir() + "/hparams.yaml", hparams_);
   } catch (const std::exception& e) {
+    if (!started_) throw;  // nothing written yet: a folder it cannot use is the config's error, said at once
     give_up(e);
   }
 }
@@ -127,6 +128,7 @@ void CSVLogger::save() {
   try {
     save_rows();
   } catch (const std::exception& e) {
+    if (!started_) throw;  // its first write: the folder is the config's error (e.g. not writable), said at once
     give_up(e);
   }
 }

@@ -46,10 +46,12 @@ void TensorBoardLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
   if (!writer_rank_ || failed_) return;
   const double now = wall_time();
   const std::string& prefix = directory_.options().prefix;
+  const bool writing = events_ != nullptr;
   try {
     for (const auto& [name, value] : metrics)
       writer().add_scalar(prefix.empty() ? name : prefix + "-" + name, value, step, now);
   } catch (const std::exception& e) {
+    if (!writing) throw;  // its first file of the stage: a folder it cannot use is the config's error, said at once
     give_up(e);
   }
 }
@@ -59,12 +61,14 @@ void TensorBoardLogger::log_hyperparams(const Hyperparameters& hparams) {
   loggers::detail::merge_hyperparameters(hparams_, hparams);
   std::vector<std::string> metric_tags;
   if (tensorboard_.default_hp_metric) metric_tags.emplace_back("hp_metric");
+  const bool writing = events_ != nullptr;
   try {
     writer().add_hparams(hparams_, metric_tags, wall_time());
     if (tensorboard_.default_hp_metric) log_metrics({{"hp_metric", -1.0}}, 0);
     detail::make_directories(log_dir());
     loggers::detail::write_hparams_yaml(log_dir() + "/hparams.yaml", hparams_);
   } catch (const std::exception& e) {
+    if (!writing) throw;  // as in log_metrics
     give_up(e);
   }
 }

@@ -65,6 +65,8 @@ struct FaultNetImpl : torch::nn::Module {
   at::Tensor training_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
     at::Tensor loss = torch::nn::functional::cross_entropy(forward(b.input), b.target);
     ctx.log("train_loss", loss);
+    for (int i = 0; i < wide; ++i) ctx.log("m" + std::to_string(i), loss.detach() + i);  // more bytes a step
+    if (late_from >= 0 && ctx.global_step >= late_from) ctx.log("late", loss.detach());  // a new CSV column
     if (fault->fires(Fault::training_step, fault->batches)) throw std::runtime_error("injected: training_step failed");
     return loss;
   }
@@ -82,6 +84,8 @@ struct FaultNetImpl : torch::nn::Module {
   torch::nn::Dropout drop;
   torch::nn::Linear fc2;
   Fault* fault;
+  int wide = 0;
+  std::int64_t late_from = -1;
 };
 TORCH_MODULE(FaultNet);
 
@@ -293,10 +297,12 @@ struct LoggedRun {
 };
 
 LoggedRun logged_fit(const std::string& csv_root, const std::string& tb_root, const std::string& ckpt_dir,
-                     BreakFolder breaker) {
+                     BreakFolder breaker, int wide = 0, std::int64_t late_from = -1) {
   torch::manual_seed(3);
   Fault none;
   FaultNet net(&none);
+  net->wide = wide;
+  net->late_from = late_from;
   auto [x, y] = test::classification_data(64, 3);
   data::TensorLoader train_data(x, y, {.batch_size = 8});
   TrainerConfig config{.max_epochs = 2, .log_every_n_steps = 1, .default_root_dir = ckpt_dir,
@@ -371,6 +377,18 @@ TEST_CASE("A logger whose folder is replaced by a file mid-run: one warning, the
   }
 }
 
+TEST_CASE("A logger that cannot write its first file is the config's error, said at once", "[on_exception][loggers]") {
+  const std::string root = test::scratch_folder("logger_never_wrote");
+  Fault none;
+  FaultNet net(&none);
+  auto [x, y] = test::classification_data(16, 3);
+  data::TensorLoader train_data(x, y, {.batch_size = 8});
+  Trainer<CPU, Single, FloatPrecision, TensorBoardLogger> trainer(
+      TrainerConfig{.max_epochs = 1, .log_every_n_steps = 1, .default_root_dir = "/proc/fulgur",
+                    .enable_progress_bar = false});
+  CHECK_THROWS_WITH(trainer.fit(net, train_data), Catch::Contains("/proc/fulgur"));
+}
+
 TEST_CASE("A logger on a full disk (ENOSPC): one warning, the run and the checkpoints go on", "[on_exception][loggers]") {
   const std::string root = test::scratch_folder("logger_disk_full");
   const std::string disk = root + "/disk";
@@ -384,7 +402,10 @@ TEST_CASE("A logger on a full disk (ENOSPC): one warning, the run and the checkp
     ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
   } unmount{disk};
   CapturedErrors errors;
-  const LoggedRun run = logged_fit(disk + "/csv", disk + "/tb", root + "/ckpt", {.folder = disk, .at = 1, .fill = true});
+  // Full after batch 5, once both have written: CSVLogger's next rewrite (a new column) and the event
+  // file's next page (24 values a step) find no space.
+  const LoggedRun run = logged_fit(disk + "/csv", disk + "/tb", root + "/ckpt", {.folder = disk, .at = 5, .fill = true},
+                                   /*wide=*/24, /*late_from=*/6);
   CHECK(run.result.global_step == 16);
   CHECK(count_containing(run.result.warnings, "CSVLogger 'lightning_logs' cannot write to") == 1);
   CHECK(count_containing(run.result.warnings, "TensorBoardLogger 'lightning_logs' cannot write to") == 1);
