@@ -30,6 +30,22 @@ void TrainerView::set_accumulate_grad_batches(std::int64_t factor) {
   const_cast<TrainerConfig*>(config_)->accumulate_grad_batches = factor;
 }
 
+void TrainerView::track_completed_steps() {
+  if (loops::FitState* fit = host_ != nullptr ? host_->fit() : nullptr; fit != nullptr && ctx_->stage == Stage::fit)
+    fit->track_completed_steps();
+}
+
+std::string TrainerView::save_completed_step(const std::string& path, bool peers_reachable) {
+  loops::FitState* fit = host_ != nullptr ? host_->fit() : nullptr;
+  if (fit == nullptr || ctx_->stage != Stage::fit) return "no fit is under way";
+  return fit->save_completed_step(path, peers_reachable);
+}
+
+std::string TrainerView::completed_step_text() const {
+  loops::FitState* fit = host_ != nullptr ? host_->fit() : nullptr;
+  return fit != nullptr && ctx_->stage == Stage::fit ? fit->completed_step_text() : std::string();
+}
+
 void TrainerView::remove_checkpoint(const std::string& path) {
   if (loops::FitState* fit = host_ != nullptr ? host_->fit() : nullptr) fit->request_removal(path);
 }

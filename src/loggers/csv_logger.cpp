@@ -6,9 +6,12 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <utility>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <stdexcept>
 
@@ -77,6 +80,7 @@ CSVLogger::~CSVLogger() {
 
 void CSVLogger::set_up(const LoggerSetup& setup) {
   writer_ = setup.global_rank == 0;
+  failed_ = false;  // a new stage tries again
   directory_.resolve(setup.root_dir);
 }
 
@@ -85,7 +89,7 @@ void CSVLogger::resume(const std::string& version, std::int64_t step) {
 }
 
 void CSVLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
-  if (!writer_) return;
+  if (!writer_ || failed_) return;
   std::map<std::string, std::string> row;
   const std::string& prefix = directory_.options().prefix;
   for (const auto& [name, value] : metrics)
@@ -96,14 +100,40 @@ void CSVLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
 }
 
 void CSVLogger::log_hyperparams(const Hyperparameters& hparams) {
-  if (!writer_) return;
+  if (!writer_ || failed_) return;
   loggers::detail::merge_hyperparameters(hparams_, hparams);
-  detail::make_directories(log_dir());
-  loggers::detail::write_hparams_yaml(log_dir() + "/hparams.yaml", hparams_);
+  try {
+    detail::make_directories(log_dir());
+    loggers::detail::write_hparams_yaml(log_dir() + "/hparams.yaml", hparams_);
+  } catch (const std::exception& e) {
+    if (!started_) throw;  // nothing written yet: a folder it cannot use is the config's error, said at once
+    give_up(e);
+  }
+}
+
+void CSVLogger::give_up(const std::exception& e) {
+  failed_ = true;
+  rows_.clear();  // kept, they would only grow
+  appending_.reset();
+  std::string why = e.what();
+  if (why.rfind("fulgur: ", 0) == 0) why.erase(0, 8);
+  warnings_.push_back("fulgur: CSVLogger '" + std::string(name()) + "' cannot write to " + log_dir() + ": " + why +
+                      " It logs nothing more in this run; training goes on, the other loggers and the checkpoints "
+                      "are not affected.");
+  std::cerr << warnings_.back() << std::endl;
 }
 
 void CSVLogger::save() {
-  if (!writer_ || rows_.empty()) return;
+  if (!writer_ || failed_ || rows_.empty()) return;
+  try {
+    save_rows();
+  } catch (const std::exception& e) {
+    if (!started_) throw;  // its first write: the folder is the config's error (e.g. not writable), said at once
+    give_up(e);
+  }
+}
+
+void CSVLogger::save_rows() {
   bool new_columns = false;
   for (const auto& row : rows_)
     for (const auto& [name, value] : row)
@@ -187,10 +217,11 @@ void CSVLogger::write_rows(bool rewrite) {
   if (!appending_) {
     detail::make_directories(log_dir());
     appending_.reset(std::fopen(path.c_str(), "a"));
-    if (!appending_) throw Error("fulgur: CSVLogger cannot write " + path + "; check that it is writable.");
+    if (!appending_)
+      throw Error("fulgur: CSVLogger cannot open " + path + ": " + std::strerror(errno) + "; check that it is writable.");
   }
   if (std::fwrite(text.data(), 1, text.size(), appending_.get()) != text.size() || std::fflush(appending_.get()) != 0)
-    throw Error("fulgur: CSVLogger could not finish writing " + path + " (disk full?).");
+    throw Error("fulgur: CSVLogger could not finish writing " + path + ": " + std::strerror(errno) + ".");
 }
 
 void CSVLogger::finalize(std::string_view) {

@@ -244,11 +244,11 @@ void FitState::end_interrupted(const Interrupted& e) {  // Ctrl-C: the step fini
 
 // ---- checkpoints --------------------------------------------------------------------------------
 
-StateDict FitState::checkpoint_state(bool weights_only) {
-  const StateDict loop = current_loop_state();
+StateDict FitState::checkpoint_state(bool weights_only, const CompletedStep* at) {
+  const StateDict loop = at != nullptr ? loop_state(at->progress, at->skipped_total, at->loader) : current_loop_state();
   StateDict c;
   c.insert("epoch", loop.at("epoch"));
-  c.insert("global_step", progress_.global_step);
+  c.insert("global_step", at != nullptr ? at->progress.global_step : progress_.global_step);
   c.insert("pytorch-lightning_version", std::string(checkpoint::lightning_layout_version));
   c.insert("state_dict", host_link_.module_state(module_).to_ivalue());
   StateDict loops;
@@ -269,7 +269,7 @@ StateDict FitState::checkpoint_state(bool weights_only) {
   if (auto hparams = loop_link_.module_hyperparameters()) c.insert("hyper_parameters", *hparams);
   StateDict stamp = checkpoint::stamp(host_link_.combination_name(), world_size_);
   stamp.insert("loggers", host_link_.logger_versions().to_ivalue());
-  if (!weights_only) stamp.insert("ranks", rank_states().to_ivalue());
+  if (!weights_only) stamp.insert("ranks", rank_states(at).to_ivalue());
   c.insert("fulgur", stamp.to_ivalue());
   loop_link_.on_save_checkpoint(c);
   return c;
@@ -279,21 +279,22 @@ void FitState::remove_checkpoint(const std::string& path) { host_link_.remove_ch
 
 StateDict FitState::current_loop_state() {
   if (frozen_loop_) return *frozen_loop_;
-  return loop_state(loop_link_.loader_state());
+  return loop_state(progress_, skipped_total_, loop_link_.loader_state());
 }
 
-StateDict FitState::loop_state(std::optional<StateDict> loader) const {
-  const bool mid_epoch = progress_.in_epoch && progress_.batches_in_epoch > 0;
+StateDict FitState::loop_state(const FitProgress& progress, std::int64_t skipped_total,
+                               std::optional<StateDict> loader) const {
+  const bool mid_epoch = progress.in_epoch && progress.batches_in_epoch > 0;
   StateDict s;
-  s.insert("epoch", progress_.epochs_done);
-  s.insert("batch_idx", mid_epoch ? progress_.batches_in_epoch : std::int64_t{0});
-  s.insert("global_step", progress_.global_step);
-  s.insert("total_batch_idx", progress_.total_batch_idx);
-  s.insert("batches_that_stepped", progress_.batches_that_stepped);
-  s.insert("stepped_in_epoch", mid_epoch ? progress_.stepped_in_epoch : std::int64_t{0});
-  s.insert("skipped_in_epoch", mid_epoch ? progress_.skipped_in_epoch : std::int64_t{0});
-  s.insert("skipped_in_a_row", progress_.skipped_in_a_row);
-  s.insert("skipped_total", skipped_total_);
+  s.insert("epoch", progress.epochs_done);
+  s.insert("batch_idx", mid_epoch ? progress.batches_in_epoch : std::int64_t{0});
+  s.insert("global_step", progress.global_step);
+  s.insert("total_batch_idx", progress.total_batch_idx);
+  s.insert("batches_that_stepped", progress.batches_that_stepped);
+  s.insert("stepped_in_epoch", mid_epoch ? progress.stepped_in_epoch : std::int64_t{0});
+  s.insert("skipped_in_epoch", mid_epoch ? progress.skipped_in_epoch : std::int64_t{0});
+  s.insert("skipped_in_a_row", progress.skipped_in_a_row);
+  s.insert("skipped_total", skipped_total);
   s.insert("accumulate_grad_batches", config_.accumulate_grad_batches);
   s.insert("metrics", mid_epoch ? c10::IValue(train_metrics_.state()) : c10::IValue(c10::impl::GenericList(c10::AnyType::get())));
   s.insert("views", views_.state());
@@ -301,9 +302,11 @@ StateDict FitState::loop_state(std::optional<StateDict> loader) const {
   return s;
 }
 
-StateDict FitState::rank_states() {
-  StateDict mine = checkpoint::random_state();
-  const bool accumulating = progress_.in_epoch && progress_.batches_in_epoch % config_.accumulate_grad_batches != 0;
+StateDict FitState::rank_states(const CompletedStep* at) {
+  StateDict mine = at != nullptr ? at->random : checkpoint::random_state();
+  // A completed step is a window's end: no gradients pending there.
+  const bool accumulating = at == nullptr && progress_.in_epoch &&
+                            progress_.batches_in_epoch % config_.accumulate_grad_batches != 0;
   StateDict grads;
   if (accumulating)
     for (const auto& item : module_.named_parameters())
@@ -496,5 +499,77 @@ void FitState::restore_epoch_position() {
 }
 
 void FitState::restore_random_state() { checkpoint::set_random_state(resume_rank_, checkpoint_name()); }
+
+}  // namespace fulgur::loops
+
+// ---- OnExceptionCheckpoint ------------------------------------------------------------------------
+
+namespace fulgur::loops {
+
+void FitState::remember_completed_step() {
+  // The weights, optimizers and schedulers do not move until the next optimizer step, so the
+  // position, the random state and the loader's own state are all a checkpoint of here needs.
+  if (!completed_step_) completed_step_.emplace();
+  completed_step_->progress = progress_;
+  completed_step_->skipped_total = skipped_total_;
+  completed_step_->loader = loop_link_.loader_state();
+  completed_step_->random = checkpoint::random_state();
+}
+
+std::string FitState::completed_step_text() const {
+  if (!completed_step_) return {};
+  if (!progress_.in_epoch && frozen_loop_.has_value() && completed_step_->progress.global_step != progress_.global_step)
+    return "global_step " + std::to_string(progress_.global_step) + " (epoch " +
+           std::to_string(progress_.epochs_done - 1) + ", where the run stopped)";
+  const FitProgress& p = completed_step_->progress;
+  const bool mid_epoch = p.in_epoch && p.batches_in_epoch > 0;
+  return "global_step " + std::to_string(p.global_step) + " (epoch " + std::to_string(p.epochs_done) +
+         (mid_epoch ? ", after batch " + std::to_string(p.batches_in_epoch - 1) + ")" : ", before its first batch)");
+}
+
+std::string FitState::save_completed_step(const std::string& path, bool peers_reachable) {
+  std::string why;
+  // A run that stopped mid-epoch (max_steps, a stop request) and failed after its training loop
+  // (on_train_end, on_fit_end): its position is frozen where it stopped, which resumes exactly.
+  const bool stopped_mid_epoch = !progress_.in_epoch && frozen_loop_.has_value();
+  if (progress_.in_optimizer_step)
+    why = "the exception came from inside the optimizer step of global step " + std::to_string(progress_.global_step) +
+          ", so the weights may be partly updated and no consistent state exists";
+  else if (!completed_step_)
+    why = "the exception came before the first training batch: nothing was trained yet";
+  else if (completed_step_->progress.global_step != progress_.global_step && !stopped_mid_epoch)
+    why = "the exception came after the optimizer step of global step " + std::to_string(progress_.global_step - 1) +
+          ", before its batch or epoch ended (on_train_batch_end, validation, the epoch's end or the run's end): the "
+          "weights have moved past every position a checkpoint can resume from; the last checkpoint ModelCheckpoint "
+          "wrote still resumes exactly";
+  if (world_size_ > 1) {
+    if (!peers_reachable)
+      return "the failure was a collective's (a rank failed alone or is gone), so the ranks cannot agree on a step "
+             "to save" + (why.empty() ? std::string() : "; besides, " + why);
+    // Every rank says whether it can save, and which step: all must save the same one.
+    const std::int64_t step = completed_step_ ? completed_step_->progress.global_step : -1;
+    try {
+      const at::Tensor all =
+          host_link_.all_gather(at::tensor({std::int64_t{why.empty()}, step}, at::kLong)).cpu().reshape({-1, 2});
+      for (int r = 0; r < world_size_ && why.empty(); ++r) {
+        if (all[r][0].item<std::int64_t>() == 0) why = "rank " + std::to_string(r) + " cannot save its last step";
+        else if (all[r][1].item<std::int64_t>() != step)
+          why = "rank " + std::to_string(r) + " is at global_step " + std::to_string(all[r][1].item<std::int64_t>()) +
+                ", this rank at " + std::to_string(step);
+      }
+    } catch (const std::exception& e) {
+      return "the ranks could not agree on a step to save (" + detail::first_line(without_prefix(e.what())) + ")" +
+             (why.empty() ? std::string() : "; besides, " + why);
+    }
+  }
+  if (!why.empty()) return why;
+  try {
+    const bool current = stopped_mid_epoch && completed_step_->progress.global_step != progress_.global_step;
+    host_link_.save(path, checkpoint_state(/*weights_only=*/false, current ? nullptr : &*completed_step_));
+  } catch (const std::exception& e) {
+    return "writing it failed: " + detail::first_line(without_prefix(e.what()));
+  }
+  return {};
+}
 
 }  // namespace fulgur::loops

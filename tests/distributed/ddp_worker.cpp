@@ -4,6 +4,7 @@
 #include <fulgur/detail/files.hpp>
 #include <fulgur/callbacks/backbone_finetuning.hpp>
 #include <fulgur/callbacks/gradient_accumulation_scheduler.hpp>
+#include <fulgur/callbacks/on_exception_checkpoint.hpp>
 #include <fulgur/fulgur.hpp>
 
 #include "elastic.hpp"
@@ -704,6 +705,71 @@ void stop_on_one_rank() {
   trainer.barrier("done");
 }
 
+// OnExceptionCheckpoint under DDP. The same batch fails on every rank: the ranks agree, rank 0
+// writes the last completed step, and a run resumed from it ends bit-identical to a straight run.
+// Then one rank alone fails: the other waits in the gradients' all-reduce until the timeout
+// (FULGUR_TEST_TIMEOUT_MS, short); each rank says why no checkpoint was written, and none hangs.
+struct FailsOnceImpl : NetImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t batch_idx, StepContext& ctx) {
+    if (fail_rank != -2 && ctx.current_epoch == 1 && batch_idx == 3 && (fail_rank == -1 || fail_rank == my_rank))
+      throw std::runtime_error("injected on rank " + std::to_string(my_rank));
+    return torch::nn::functional::cross_entropy(fc2(drop(torch::tanh(fc1(b.input)))), b.target);
+  }
+  torch::nn::Dropout drop{register_module("drop", torch::nn::Dropout(0.2))};
+  int fail_rank = -2;  // -2: none; -1: every rank; else that rank
+};
+TORCH_MODULE(FailsOnce);
+
+std::vector<at::Tensor> test_snapshot(torch::nn::Module& module) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : module.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+void on_exception() {
+  const char* port = std::getenv("MASTER_PORT");
+  const std::string root = std::string("/tmp/fulgur_ddp_on_exception_") + (port ? port : "0");
+  const std::string path = root + "/on_exception.ckpt";
+  if (const char* rank = std::getenv("RANK"); rank != nullptr && std::string(rank) == "0") fulgur::detail::remove_tree(root);
+  auto [x, y] = dataset(256);  // 8 batches of 16 per rank
+  auto fit = [&](int fail_rank, const std::string& resume_from, std::string* error) {
+    torch::manual_seed(resume_from.empty() ? 5 : 77);
+    FailsOnce model;
+    model->fail_rank = fail_rank;
+    Trainer<CPUAccelerator, Gloo, FloatPrecision, OnExceptionCheckpoint> trainer(
+        config({.max_epochs = 3, .accumulate_grad_batches = 2, .default_root_dir = root}), options(),
+        OnExceptionCheckpoint({.dirpath = root}));
+    my_rank = trainer.global_rank();
+    data::TensorLoader loader(x, y, {.batch_size = 16, .shuffle = true, .seed = 3});
+    try {
+      trainer.fit(model, loader, FitOptions{.ckpt_path = resume_from});
+    } catch (const std::exception& e) {
+      *error = e.what();
+    }
+    return test_snapshot(*model);
+  };
+  std::string error;
+  const auto straight = fit(-2, "", &error);
+  check(error.empty(), "the straight run trains: " + error);
+  fit(-1, "", &error);
+  check(error.find("injected on rank " + std::to_string(my_rank)) != std::string::npos,
+        "fit rethrows the rank's own exception: " + error);
+  if (my_rank == 0) check(::access(path.c_str(), F_OK) == 0, "the ranks agreed and rank 0 wrote " + path);
+  const std::string kept = root + "/kept.ckpt";
+  if (my_rank == 0) std::rename(path.c_str(), kept.c_str());
+  error.clear();
+  const auto resumed = fit(-2, kept, &error);  // its own barriers order the rename before the read
+  check(error.empty(), "the resumed run trains: " + error);
+  for (std::size_t i = 0; i < straight.size(); ++i)
+    check(torch::equal(straight[i], resumed[i]), "resumed weights bit-identical to the straight run's");
+  // One rank alone: no checkpoint, each rank says why, and fit returns (its error) on both.
+  error.clear();
+  fit(1, "", &error);
+  check(!error.empty(), "fit fails on every rank when rank 1 fails alone");
+  if (my_rank == 0) check(::access(path.c_str(), F_OK) != 0, "no checkpoint when the ranks cannot agree");
+  std::cout << "rank " << my_rank << " ended: " << error.substr(0, error.find('\n')) << std::endl;
+}
+
 // Started without torchrun: the Trainer launches the 2 ranks itself (and this process supervises).
 void launched() {
   const char* fail = std::getenv("FULGUR_TEST_FAIL_RANK");
@@ -818,6 +884,7 @@ int main(int argc, char** argv) {
                        else if (scenario == "accumulation_schedule") accumulation_schedule();
                        else if (scenario == "backbone_finetuning") backbone_finetuning();
                        else if (scenario == "stop_on_one_rank") stop_on_one_rank();
+                       else if (scenario == "on_exception") on_exception();
                        else if (scenario == "two_nodes") two_nodes();
                        else if (scenario == "preempt" && argc > 3) preempt(argv[2], argv[3]);
                        else if (scenario == "elastic" && argc > 2) elastic::run<DDPStrategy>(argv[2]);

@@ -129,6 +129,15 @@ class TrainerView {
   void remove_checkpoint(const std::string& path);
   /// Global rank 0's text on every rank (a file name all ranks agree on).
   std::string broadcast(const std::string& text) { return host_ != nullptr ? host_->broadcast(text) : text; }
+  /// OnExceptionCheckpoint's: the fit under way remembers the position after each completed
+  /// optimizer step (no weights; a few small copies per step). Nothing outside fit.
+  void track_completed_steps();
+  /// On the way out of a failed fit, every rank: the checkpoint of the last completed optimizer
+  /// step at `path`, which fit resumes exactly. Returns why none was written (empty: written).
+  /// `peers_reachable`: false when the failure was a collective's (then no rank tries another).
+  std::string save_completed_step(const std::string& path, bool peers_reachable);
+  /// "global_step 12 (epoch 1, after batch 3)": the step save_completed_step writes.
+  std::string completed_step_text() const;
 
   // ---- set by the loops ----------------------------------------------------------------------------
   void attach_metrics(const detail::MetricViews* views) { views_ = views; }

@@ -15,6 +15,7 @@
 #include "fulgur/callbacks/learning_rate_monitor.hpp"
 #include "fulgur/callbacks/model_checkpoint.hpp"
 #include "fulgur/callbacks/model_summary.hpp"
+#include "fulgur/callbacks/on_exception_checkpoint.hpp"
 #include "fulgur/callbacks/timer.hpp"
 #include "fulgur/cli/described.hpp"
 #include "fulgur/loggers/csv_logger.hpp"
@@ -158,6 +159,15 @@ struct TensorBoardLoggerArgs : LoggerArgs {
 
 // ---- the shipped classes -------------------------------------------------------------------------
 
+template <>
+struct describe<OnExceptionCheckpointOptions> {
+  static constexpr auto fields() {
+    using O = OnExceptionCheckpointOptions;
+    return std::tuple(field("dirpath", &O::dirpath, "folder of the checkpoint an exception leaving fit writes"),
+                      field("filename", &O::filename, "its name, without the .ckpt extension"));
+  }
+};
+
 #define FULGUR_CLI_LIGHTNING_ALIASES(package, name) \
   std::array<std::string_view, 2> { "lightning.pytorch." package "." name, "pytorch_lightning." package "." name }
 
@@ -176,6 +186,14 @@ struct class_info<ModelCheckpoint> {
   static constexpr std::string_view doc = "save checkpoints: the best by a metric, the last";
   using args_type = ModelCheckpointOptions;
   static ModelCheckpoint make(const args_type& args) { return ModelCheckpoint(args); }
+};
+template <>
+struct class_info<OnExceptionCheckpoint> {
+  static constexpr std::string_view name = "OnExceptionCheckpoint";
+  static constexpr auto aliases = FULGUR_CLI_LIGHTNING_ALIASES("callbacks", "OnExceptionCheckpoint");
+  static constexpr std::string_view doc = "on an exception, a checkpoint of the last completed step";
+  using args_type = OnExceptionCheckpointOptions;
+  static OnExceptionCheckpoint make(const args_type& args) { return OnExceptionCheckpoint(args); }
 };
 template <>
 struct class_info<LearningRateMonitor> {
@@ -221,10 +239,10 @@ struct class_info<TensorBoardLogger> {
 };
 #undef FULGUR_CLI_LIGHTNING_ALIASES
 
-/// What a CLI program can name by default: fulgur's callbacks and loggers. ModelCheckpoint comes last, so
-/// that its hooks run after the others' (Lightning moves checkpoint callbacks to the end too).
+/// What a CLI program can name by default: fulgur's callbacks and loggers. The checkpoint callbacks come
+/// last, so that their hooks run after the others' (Lightning moves checkpoint callbacks to the end too).
 using shipped_classes = class_list<EarlyStopping, LearningRateMonitor, Timer, ModelSummary, CSVLogger,
-                                   TensorBoardLogger, ModelCheckpoint>;
+                                   TensorBoardLogger, OnExceptionCheckpoint, ModelCheckpoint>;
 
 /// The choice a slot offers for class C.
 template <class C>

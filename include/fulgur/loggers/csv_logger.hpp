@@ -6,10 +6,12 @@
 // Torch-free.
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fulgur/loggers/hyperparameters.hpp"
@@ -36,6 +38,11 @@ class CSVLogger {
   /// Resuming from a checkpoint: write on in `version`, keeping the rows metrics.csv has before
   /// `step` (the checkpoint's logging step; later rows came after the checkpoint and are logged again).
   void resume(const std::string& version, std::int64_t step);
+  /// The warning given when it could not write (once: it then logs nothing more this stage; training
+  /// goes on). The Trainer collects it into FitResult::warnings.
+  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
+  /// Whether a write failed this stage (it logs nothing more until the next stage's set-up).
+  bool failed() const { return failed_; }
 
   std::string_view name() const { return directory_.options().name; }
   const LoggerOptions& options() const { return directory_.options(); }
@@ -49,6 +56,12 @@ class CSVLogger {
   std::string metrics_file() const { return log_dir() + "/metrics.csv"; }
 
  private:
+  /// A write failed (disk full, its folder removed or replaced by a file): one warning, and no
+  /// more writes this stage, so that a logger never ends a training run.
+  void give_up(const std::exception& e);
+  bool failed_ = false;
+  std::vector<std::string> warnings_;
+  void save_rows();
   void write_rows(bool rewrite);
   bool file_intact() const;  // metrics.csv is still the file this logger writes
   struct CloseFile {

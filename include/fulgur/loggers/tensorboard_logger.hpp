@@ -4,10 +4,13 @@
 // TensorBoardLogger writes them, on global rank 0 only. `tensorboard --logdir <save_dir>` shows it.
 // The events are encoded by fulgur itself (loggers/event_file.hpp): no TensorFlow or protobuf.
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "fulgur/loggers/hyperparameters.hpp"
 #include "fulgur/loggers/log_directory.hpp"
@@ -41,6 +44,11 @@ class TensorBoardLogger {
   /// purge marker at `step` (the checkpoint's logging step), so what the earlier run logged from
   /// there on — after its checkpoint — is replaced by what the resumed run logs.
   void resume(const std::string& version, std::int64_t step);
+  /// The warning given when it could not write (once: it then logs nothing more this stage; training
+  /// goes on). The Trainer collects it into FitResult::warnings.
+  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
+  /// Whether a write failed this stage (it logs nothing more until the next stage's set-up).
+  bool failed() const { return failed_; }
 
   std::string_view name() const { return directory_.options().name; }
   const LoggerOptions& options() const { return directory_.options(); }
@@ -54,6 +62,11 @@ class TensorBoardLogger {
   std::string event_file() const;
 
  private:
+  /// A write failed (disk full, its folder removed or replaced by a file): one warning, and no
+  /// more writes this stage, so that a logger never ends a training run.
+  void give_up(const std::exception& e);
+  bool failed_ = false;
+  std::vector<std::string> warnings_;
   loggers::detail::EventFileWriter& writer();
 
   loggers::detail::LogDirectory directory_;

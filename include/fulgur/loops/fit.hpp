@@ -285,6 +285,7 @@ class FitLoop final : private detail::LoopLink, public FitState {
       const bool resumed = std::exchange(resuming_, false);
       if (first_batch == 0) progress_.stepped_in_epoch = progress_.skipped_in_epoch = 0;
       if (resumed && first_batch == 0) restore_random_state();  // before the epoch, as when it was taken
+      if (first_batch == 0) mark_completed_step();  // before epoch e: OnExceptionCheckpoint's point
       progress_.in_epoch = true;
       progress_.batches_in_epoch = first_batch;
       hold_checkpoints(true);
@@ -293,6 +294,7 @@ class FitLoop final : private detail::LoopLink, public FitState {
       if (resumed && first_batch > 0) {  // mid-epoch: as the batch after it found things
         restore_epoch_position();
         restore_random_state();
+        mark_completed_step();  // the resumed position
       }
       auto running = profile<"run_training_epoch">(hook_);
       const bool completed = epoch_loop.run(summary, start, first_batch, !loader_restored_);
@@ -303,6 +305,7 @@ class FitLoop final : private detail::LoopLink, public FitState {
       progress_.in_epoch = false;
       hold_checkpoints(false);
       write_requested_checkpoints();
+      if (completed) mark_completed_step();  // after the epoch's end (a stopped one keeps its last mid-epoch mark)
       if (!done()) stop_if_interrupted(("after epoch " + std::to_string(summary.epoch)).c_str());
     }
   }

@@ -55,6 +55,22 @@ class FitState {
   /// What waited, in the order asked.
   void write_requested_checkpoints();
 
+  // ---- OnExceptionCheckpoint: the last completed optimizer step ----------------------------------
+  /// From now on the loop remembers where it was after each completed optimizer step (its counters,
+  /// random state and loader position; no weights): a few small copies per step, none when off.
+  void track_completed_steps() { track_completed_steps_ = true; }
+  /// Where the loop is now is the end of an accumulation window (or an epoch's start or end).
+  void mark_completed_step() {
+    if (track_completed_steps_) remember_completed_step();
+  }
+  /// On the way out of a failed fit: writes the checkpoint of the last completed optimizer step to
+  /// `path` (every rank calls it; under DDP only when every rank can save the same step). Returns
+  /// why none was written; empty when it was. `peers_reachable`: false when the failure was a
+  /// collective's (no rank attempts another).
+  std::string save_completed_step(const std::string& path, bool peers_reachable);
+  /// "global_step 12 (epoch 1, after batch 3)" of the last completed step; empty before any.
+  std::string completed_step_text() const;
+
  protected:
   // Out of line, both: the members' constructors and destructors are compiled once.
   FitState(const TrainerConfig& config, torch::nn::Module& module, detail::HostLink& host, detail::LoopLink& loop,
@@ -102,7 +118,16 @@ class FitState {
   /// What fit needs to go on exactly from here: Lightning's .ckpt keys, plus each rank's random
   /// state and, inside an accumulation window, its gradients. Every rank calls it (the per-rank
   /// parts are gathered); global rank 0 writes.
-  StateDict checkpoint_state(bool weights_only);
+  /// Where the loop was after a completed optimizer step (mark_completed_step).
+  struct CompletedStep {
+    FitProgress progress;
+    std::int64_t skipped_total = 0;
+    std::optional<StateDict> loader;  // the training loader's own state, if it keeps one
+    StateDict random;                 // this rank's random state
+  };
+  /// `at`: the checkpoint of that completed step instead (its position and random state; the weights,
+  /// optimizers and callbacks as they are now, which the caller checked have not moved on since).
+  StateDict checkpoint_state(bool weights_only, const CompletedStep* at = nullptr);
   void write_checkpoint(const std::string& path, bool weights_only) { host_link_.save(path, checkpoint_state(weights_only)); }
   void remove_checkpoint(const std::string& path);
   /// Where the run is: after batch k of epoch e (mid-epoch: what was logged so far goes too, and the
@@ -153,8 +178,11 @@ class FitState {
   std::vector<std::pair<std::string, bool>> saves_;  // (path, weights_only), in the order asked
   std::vector<std::string> removals_;
   std::string write_preemption_checkpoint();
-  StateDict loop_state(std::optional<StateDict> loader) const;
-  StateDict rank_states();
+  StateDict loop_state(const FitProgress& progress, std::int64_t skipped_total, std::optional<StateDict> loader) const;
+  StateDict rank_states(const CompletedStep* at);
+  void remember_completed_step();
+  bool track_completed_steps_ = false;
+  std::optional<CompletedStep> completed_step_;
   std::string checkpoint_name() const { return "checkpoint '" + checkpoint_path_ + "'"; }
   void warn_unknown_callbacks(const std::vector<std::string>& keys);
   void restore_module(const StateDict& c);

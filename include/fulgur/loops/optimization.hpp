@@ -44,6 +44,9 @@ struct FitProgress {
   std::int64_t skipped_in_a_row = 0;
   std::int64_t batches_in_epoch = 0;      ///< batches of the current epoch that are done
   bool in_epoch = false;                  ///< between an epoch's first batch and its end
+  /// Set while an optimizer changes the weights: an exception leaving it may have left them half
+  /// updated (OnExceptionCheckpoint then writes nothing).
+  bool in_optimizer_step = false;
   /// Under DDP, the stop request every rank agreed on (stop_wanted). A rank that sets ctx.should_stop
   /// alone stops with the others at the next point where they agree: after a validation, at a log
   /// step, at an epoch's end (no collective per batch). One process: ctx.should_stop itself.
@@ -141,7 +144,9 @@ class AutomaticOptimization {
       host_.clip_gradients(hook_.module(), optimizer_, clip);
     }
     auto timed = profile_module<"optimizer_step">(hook_);  // the step alone: the closure ran before it
+    progress_.in_optimizer_step = true;  // left set by an exception: the weights may be half updated
     const bool ran = host_.optimizer_step(optimizer_);
+    progress_.in_optimizer_step = false;
     timed.end();
     count_optimizer_step(progress_, ran, config_, hook_.ctx(), Host::precision_name());
     return ran;
@@ -199,7 +204,9 @@ class ManualOptimization {
     if (!Host::uses_loss_scaler && config_.detect_anomaly)
       check_gradients_finite(hook_.module(), hook_.ctx(), Host::precision_name());
     auto timed = profile<"optimizer_step">(hook_);  // Lightning's name under manual optimization
+    progress_.in_optimizer_step = true;  // left set by an exception: the weights may be half updated
     const bool ran = host_.optimizer_step(optimizer);
+    progress_.in_optimizer_step = false;
     timed.end();
     count_optimizer_step(progress_, ran, config_, hook_.ctx(), Host::precision_name());
     hook_.ctx().global_step = progress_.global_step;

@@ -158,6 +158,7 @@ class TrainingEpochLoop {
     if (ended == BatchEnd::go_on) {
       if (p_.fit.checkpoints_requested()) p_.fit.write_requested_checkpoints();
       check_signals(outcome.stepped);  // the batch is over: a checkpoint taken now resumes exactly
+      if (outcome.stepped) p_.fit.mark_completed_step();  // a window ended (OnExceptionCheckpoint's point)
     }
     return ended;
   }
