@@ -54,6 +54,7 @@
 #include "fulgur/callbacks/gradient_accumulation_scheduler.hpp"
 #include "fulgur/callbacks/backbone_finetuning.hpp"
 #include "fulgur/callbacks/spike_detection.hpp"
+#include "fulgur/callbacks/on_exception_checkpoint.hpp"
 #include "fulgur/nn/activation_checkpointing.hpp"
 #include "fulgur/nn/sync_batchnorm.hpp"
 #include "fulgur/grad_norm.hpp"
