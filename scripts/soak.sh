@@ -11,4 +11,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$root/build"
 if [[ $# -gt 0 && "$1" != --* ]]; then build="$1"; shift; fi
 cmake --build "$build" --target fulgur_soak
+# LibTorch's c10d Flight Recorder keeps a record of every process group (and a bounded ring of the last
+# collectives) for the life of the process: ~1.4 KiB a DDP Trainer, which is LibTorch's, not a leak of
+# fulgur's. Off here, so the fits measure fulgur (TORCH_FR_BUFFER_SIZE=2000 keeps it to see its cost).
+export TORCH_FR_BUFFER_SIZE="${TORCH_FR_BUFFER_SIZE:-0}"
+echo "soak: TORCH_FR_BUFFER_SIZE=$TORCH_FR_BUFFER_SIZE (LibTorch's flight recorder; see docs/soak.md)"
 exec nice "$build/tests/soak/fulgur_soak" --steps 200000 --fits 1000 "$@"
