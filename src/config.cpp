@@ -1,8 +1,8 @@
 // TrainerConfig's checks (detail::validate_config): run when a Trainer is built, before any
 // policy is, so that a value that cannot work is named with its fix before anything starts.
-#include <cstdio>
 #include <string>
 
+#include "fulgur/detail/describe.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/trainer.hpp"
 
@@ -18,14 +18,9 @@ void at_least(const char* field, std::int64_t value, std::int64_t minimum, const
     refuse(field, "must be >= " + std::to_string(minimum) + std::string(meaning), std::to_string(value));
 }
 
-std::string number(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", v);
-  return text;
-}
 
 std::string text(const BatchAmount& amount) {
-  return amount.is_fraction() ? number(amount.fraction()) : std::to_string(amount.count());
+  return amount.is_fraction() ? number_text(amount.fraction()) : std::to_string(amount.count());
 }
 
 /// A number of batches >= 0, or a fraction in [0, 1].
@@ -43,10 +38,10 @@ void validate_config(const TrainerConfig& c) {
   at_least("max_steps", c.max_steps, -1, " (-1: no limit)");
   at_least("min_steps", c.min_steps, 0);
   if (c.max_time && c.max_time->count() < 0)
-    refuse("max_time", "must not be negative", number(c.max_time->count()) + " s");
+    refuse("max_time", "must not be negative", number_text(c.max_time->count()) + " s");
   at_least("accumulate_grad_batches", c.accumulate_grad_batches, 1);
   if (c.gradient_clip_val && !(*c.gradient_clip_val >= 0.0))
-    refuse("gradient_clip_val", "must be >= 0 (0 or unset: no clipping)", number(*c.gradient_clip_val));
+    refuse("gradient_clip_val", "must be >= 0 (0 or unset: no clipping)", number_text(*c.gradient_clip_val));
   at_least("num_nodes", c.num_nodes, 1);
   at_least("max_restarts", c.max_restarts, 0, " (0: a failed worker ends the run)");
   if (const int* n = std::get_if<int>(&c.devices); n && *n == 0)

@@ -24,6 +24,12 @@ std::string describe_batch(const data::Batch& batch) {
   return "input " + describe_tensor(batch.input) + ", target " + describe_tensor(batch.target);
 }
 
+std::string number_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
 std::string describe_tensor(const at::Tensor& t) {
   if (!t.defined()) return "undefined tensor";
   std::string shape = "[";

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "fulgur/detail/describe.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur {
@@ -14,11 +15,7 @@ std::string fixed3(double v) {
   std::snprintf(text, sizeof text, "%.3f", v);
   return text;
 }
-std::string number(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", v);
-  return text;
-}
+using detail::number_text;
 
 }  // namespace
 
@@ -85,22 +82,22 @@ void EarlyStopping::check(TrainerView& trainer) {
   if (options_.check_finite && !std::isfinite(current)) {
     stop = true;
     reason_ = EarlyStoppingReason::non_finite_metric;
-    reason = "Monitored metric " + options_.monitor + " = " + number(current) + " is not finite. Previous best value was " +
+    reason = "Monitored metric " + options_.monitor + " = " + number_text(current) + " is not finite. Previous best value was " +
              fixed3(best_score_) + ". Signaling Trainer to stop.";
   } else if (options_.stopping_threshold && better(current, *options_.stopping_threshold)) {
     stop = true;
     reason_ = EarlyStoppingReason::stopping_threshold;
-    reason = "Stopping threshold reached: " + options_.monitor + " = " + number(current) + " " + order + " " +
-             number(*options_.stopping_threshold) + ". Signaling Trainer to stop.";
+    reason = "Stopping threshold reached: " + options_.monitor + " = " + number_text(current) + " " + order + " " +
+             number_text(*options_.stopping_threshold) + ". Signaling Trainer to stop.";
   } else if (options_.divergence_threshold && better(-current, -*options_.divergence_threshold)) {
     stop = true;
     reason_ = EarlyStoppingReason::divergence_threshold;
-    reason = "Divergence threshold reached: " + options_.monitor + " = " + number(current) + " " + order + " " +
-             number(*options_.divergence_threshold) + ". Signaling Trainer to stop.";
+    reason = "Divergence threshold reached: " + options_.monitor + " = " + number_text(current) + " " + order + " " +
+             number_text(*options_.divergence_threshold) + ". Signaling Trainer to stop.";
   } else if (better(current - options_.min_delta, best_score_)) {
     reason = std::isfinite(best_score_)
                  ? "Metric " + options_.monitor + " improved by " + fixed3(std::abs(best_score_ - current)) +
-                       " >= min_delta = " + number(std::abs(options_.min_delta)) + ". New best score: " + fixed3(current)
+                       " >= min_delta = " + number_text(std::abs(options_.min_delta)) + ". New best score: " + fixed3(current)
                  : "Metric " + options_.monitor + " improved. New best score: " + fixed3(current);
     best_score_ = current;
     wait_count_ = 0;

@@ -97,6 +97,57 @@ std::vector<std::int64_t> SpikeDetection::read_bad_batches(const std::string& pa
   return indices;
 }
 
+std::string SpikeDetection::state_key() const {
+  return std::string("SpikeDetection{'mode': '") + (options_.mode == MonitorMode::min ? "min" : "max") +
+         "', 'window': " + std::to_string(options_.window) + "}";
+}
+
+StateDict SpikeDetection::state_dict() const {
+  StateDict out;
+  out.insert("sums", at::tensor(sums_, at::kFloat));
+  out.insert("weights", at::tensor(weights_, at::kFloat));
+  out.insert("seen", seen_);
+  out.insert("last_value", last_value_);
+  out.insert("bad_batches", c10::List<std::int64_t>(bad_batches_));
+  return out;
+}
+
+void SpikeDetection::load_state_dict(const StateDict& state) {
+  const auto bad = [&](const std::string& what) {
+    return CheckpointError("fulgur: the checkpoint's " + state_key() + " state " + what +
+                           "; it was not written by this detector (resume without it: remove the entry, or give "
+                           "the detector another window so that it starts afresh).");
+  };
+  for (const char* key : {"sums", "weights", "seen", "last_value", "bad_batches"})
+    if (!state.contains(key)) throw bad(std::string("has no '") + key + "'");
+  const auto slots = [&](const char* key) {
+    const c10::IValue value = state.at(key);
+    if (!value.isTensor() || value.toTensor().scalar_type() != at::kFloat || value.toTensor().dim() != 1 ||
+        value.toTensor().numel() != options_.window)
+      throw bad(std::string("'") + key + "' is not " + std::to_string(options_.window) + " float32 slots");
+    const at::Tensor t = value.toTensor().contiguous();
+    return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+  };
+  std::vector<float> sums = slots("sums"), weights = slots("weights");
+  const c10::IValue seen = state.at("seen"), last = state.at("last_value"), batches = state.at("bad_batches");
+  if (!seen.isInt() || seen.toInt() < 0) throw bad("'seen' is not a count");
+  if (!last.isDouble()) throw bad("'last_value' is not a number");
+  // An empty list comes back from a checkpoint file as a list of unknown element type.
+  std::vector<std::int64_t> bad_batches;
+  if (batches.isList())
+    for (const c10::IValue& index : batches.toListRef()) {
+      if (!index.isInt()) throw bad("'bad_batches' is not a list of batch indices");
+      bad_batches.push_back(index.toInt());
+    }
+  else
+    throw bad("'bad_batches' is not a list of batch indices");
+  sums_ = std::move(sums);
+  weights_ = std::move(weights);
+  seen_ = seen.toInt();
+  last_value_ = last.toDouble();
+  bad_batches_ = std::move(bad_batches);
+}
+
 double SpikeDetection::running_mean() const {
   // Running.compute: the slots' states summed in slot order, then MeanMetric's sum / weight.
   float sum = 0.0f, weight = 0.0f;

@@ -3,22 +3,16 @@
 
 #include <c10/util/Type.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <iostream>
 #include <typeinfo>
-#include <cstdio>
 
 #include "fulgur/loops/optimization.hpp"
 #include "src/strategies/sharded/gradient_check.hpp"
 
 namespace fulgur::loops {
-
-std::string number_text(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", v);
-  return text;
-}
 
 std::string position_text(std::string_view step, std::int64_t epoch, std::int64_t batch_idx,
                           std::int64_t global_step) {
@@ -190,19 +184,21 @@ namespace {
 
 /// The module's parameters whose .grad is NaN or infinite (whole gradients: one device, DDP, stage 1).
 std::vector<std::string> non_finite_gradients(torch::nn::Module& module) {
-  std::vector<std::string> names, bad;
-  std::vector<at::Tensor> finite;
-  for (const auto& item : module.named_parameters()) {
-    const at::Tensor& grad = item.value().grad();
-    if (!grad.defined()) continue;
-    names.push_back(item.key());
-    finite.push_back(at::isfinite(grad).all());
-  }
-  if (finite.empty()) return bad;
-  const at::Tensor flags = at::stack(finite).cpu();  // the one host sync detect_anomaly costs
+  // One flag per gradient, stacked: the one host sync detect_anomaly costs. The list is reused from
+  // step to step and the parameters' names are looked up only when a gradient is bad.
+  thread_local std::vector<at::Tensor> finite;
+  finite.clear();
+  for (const at::Tensor& parameter : module.parameters())
+    if (parameter.grad().defined()) finite.push_back(at::isfinite(parameter.grad()).all());
+  if (finite.empty()) return {};
+  const at::Tensor flags = at::stack(finite).cpu();
+  finite.clear();  // holds no tensor between steps
   const bool* ok = flags.data_ptr<bool>();
-  for (std::size_t i = 0; i < names.size(); ++i)
-    if (!ok[i]) bad.push_back(names[i]);
+  if (std::all_of(ok, ok + flags.numel(), [](bool b) { return b; })) return {};
+  std::vector<std::string> bad;
+  std::size_t i = 0;  // parameters() and named_parameters() walk the module in the same order
+  for (const auto& item : module.named_parameters())
+    if (item.value().grad().defined() && !ok[i++]) bad.push_back(item.key());
   return bad;
 }
 

@@ -77,6 +77,8 @@ TEST_CASE("cli run: callbacks and loggers from the config, the resolved config s
   std::ofstream(config) << "trainer:\n  max_epochs: 3\n  accelerator: cpu\n  callbacks:\n"
                            "  - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n    init_args:\n"
                            "      dirpath: " + dir + "/ckpt\n      save_last: true\n  - LearningRateMonitor\n"
+                           "  - class_path: SpikeDetection\n    init_args:\n      window: 4\n"
+                           "      exclude_batches_path: " + dir + "/spikes\n"
                            "  logger:\n  - class_path: CSVLogger\n    init_args:\n      flush_logs_every_n_steps: 1\n"
                            "model:\n  hidden: 5\n";
   auto args = base("fit", dir);
@@ -101,6 +103,7 @@ TEST_CASE("cli run: callbacks and loggers from the config, the resolved config s
   bool has_checkpoint_state = false;
   for (const auto& entry : states) has_checkpoint_state |= entry.key().toStringRef().starts_with("ModelCheckpoint{");
   CHECK(has_checkpoint_state);
+  CHECK(states.contains("SpikeDetection{'mode': 'min', 'window': 4}"));  // the config's detector, its window kept
   CHECK_THAT(outcome.resolved_config, Catch::Contains("seed_everything: 5"));
 
   // The checkpoint's weights for test and predict.
@@ -120,6 +123,22 @@ TEST_CASE("cli run: callbacks and loggers from the config, the resolved config s
   predict_args.push_back("--ckpt_path=" + dir + "/ckpt/last.ckpt");
   predict_args.push_back("--model.hidden=5");
   CHECK(run(predict_args).predictions == 2);
+}
+
+TEST_CASE("cli run: SpikeDetection named for a module whose training_step returns no loss", "[cli]") {
+  // Every CLI Trainer holds the shipped classes, so such a module compiles; naming the detector fails at once.
+  struct NoLoss {
+    int steps = 0;
+  };
+  fulgur::StepContext ctx;
+  const fulgur::TrainerConfig config;
+  torch::nn::Linear module(1, 1);
+  fulgur::TrainerView view(ctx, config, *module, nullptr);
+  cli::ConfiguredSpikeDetection detector;
+  CHECK_THAT(config_error([&] { detector.on_train_batch_end(view, *module, NoLoss{}, 0, 0); }),
+             Catch::Contains("training_step returns no loss"));
+  detector.on_train_batch_end(view, *module, torch::tensor(1.0), 0, 0);  // a loss: checked as SpikeDetection does
+  CHECK(detector.state_dict().at("seen").toInt() == 1);
 }
 
 TEST_CASE("cli run: print -> run -> print gives the same config, and the same run", "[cli]") {

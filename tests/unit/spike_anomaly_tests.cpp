@@ -15,6 +15,7 @@
 
 #include "fulgur/callbacks/model_checkpoint.hpp"
 #include "fulgur/callbacks/spike_detection.hpp"
+#include "fulgur/checkpoint/io.hpp"
 #include "unit/support.hpp"
 
 using namespace fulgur;
@@ -259,6 +260,45 @@ TEST_CASE("SpikeDetection's roll-back workflow: resume from a checkpoint before 
   const FitResult r =
       trainer.fit(model, skipping, {.ckpt_path = folder + "/ckpt/step=" + std::to_string(safe_step) + ".ckpt"});
   CHECK(r.global_step == 18);  // 6 batches an epoch now, 3 epochs
+}
+
+TEST_CASE("SpikeDetection's window is in checkpoints: a resumed run judges each loss as the straight run did",
+          "[spike]") {
+  const std::string folder = test::scratch_folder("spike_resume");
+  using Run = test::CpuTrainer<FloatPrecision, ModelCheckpoint, SpikeDetection>;
+  const auto make = [&](const std::string& dir) {
+    return Run(test::quiet({.max_epochs = 3}),
+               ModelCheckpoint({.dirpath = dir, .filename = "{step}", .save_top_k = -1, .every_n_train_steps = 5}),
+               SpikeDetection({.window = 4, .exclude_batches_path = folder}));
+  };
+  Spiky straight_model;
+  Run straight = make(folder + "/straight");
+  straight.fit(straight_model, spiky_data(-1));
+  const StateDict expected = straight.callback<SpikeDetection>().state_dict();
+  CHECK(expected.at("seen").toInt() == 24);
+
+  // Resumed mid-epoch (step 10 = epoch 1, after batch 1): the window comes back with the position.
+  const std::string mid = folder + "/straight/step=10.ckpt";
+  const auto states = checkpoint::load(mid).at("callbacks").toGenericDict();
+  REQUIRE(states.contains("SpikeDetection{'mode': 'min', 'window': 4}"));
+  Spiky resumed_model;
+  Run resumed = make(folder + "/resumed");
+  resumed.fit(resumed_model, spiky_data(-1), {.ckpt_path = mid});
+  const SpikeDetection& detector = resumed.callback<SpikeDetection>();
+  const StateDict got = detector.state_dict();
+  CHECK(got.at("seen").toInt() == 24);
+  CHECK(got.at("sums").toTensor().equal(expected.at("sums").toTensor()));
+  CHECK(got.at("weights").toTensor().equal(expected.at("weights").toTensor()));
+  CHECK(got.at("last_value").toDouble() == expected.at("last_value").toDouble());
+  CHECK(detector.running_mean() == straight.callback<SpikeDetection>().running_mean());
+
+  // A state that is not this detector's is refused by name; another window starts afresh (its own key).
+  SpikeDetection other({.window = 3});
+  CHECK_THROWS_WITH(other.load_state_dict(expected), Catch::Contains("'sums' is not 3 float32 slots"));
+  StateDict missing = expected;
+  missing.erase("seen");
+  CHECK_THROWS_WITH(SpikeDetection({.window = 4}).load_state_dict(missing), Catch::Contains("has no 'seen'"));
+  CHECK(other.state_key() == "SpikeDetection{'mode': 'min', 'window': 3}");
 }
 
 TEST_CASE("SpikeDetection in fit: a poisoned batch stops the run with TrainingSpikeError", "[spike]") {

@@ -8,7 +8,8 @@
 // (docs/spike_detection.md shows the workflow).
 //
 // As a Trainer callback it checks in on_train_batch_end; in a loop of your own call check() with
-// each batch's loss. Reading the loss is a host sync every step: inherent to the feature (Fabric's
+// each batch's loss. Its running window is part of a checkpoint (state_dict), so a resumed run,
+// rolled back or not, judges each loss as the straight run did. Reading the loss is a host sync every step: inherent to the feature (Fabric's
 // does the same), and only paid when the callback is in use.
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -22,6 +23,7 @@
 #include "fulgur/callbacks/early_stopping.hpp"  // MonitorMode
 #include "fulgur/callbacks/trainer_view.hpp"
 #include "fulgur/detail/loss.hpp"
+#include "fulgur/state_dict.hpp"
 
 namespace fulgur {
 
@@ -70,6 +72,13 @@ class SpikeDetection {
   static std::vector<std::int64_t> read_bad_batches(const std::string& path);
   /// The running mean the next loss is compared with (NaN before any loss entered the window).
   double running_mean() const;
+
+  /// "SpikeDetection{'mode': 'min', 'window': 10}": a checkpoint's state of a detector with another
+  /// mode or window is not this one's (it starts afresh, as a callback added since does).
+  std::string state_key() const;
+  /// The running window (its slots, how many losses entered it, the last one) and the bad batches.
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& state);
 
  private:
   bool is_spike(const at::Tensor& loss) const;

@@ -16,8 +16,10 @@
 #include "fulgur/callbacks/model_checkpoint.hpp"
 #include "fulgur/callbacks/model_summary.hpp"
 #include "fulgur/callbacks/on_exception_checkpoint.hpp"
+#include "fulgur/callbacks/spike_detection.hpp"
 #include "fulgur/callbacks/timer.hpp"
 #include "fulgur/cli/described.hpp"
+#include "fulgur/errors.hpp"
 #include "fulgur/loggers/csv_logger.hpp"
 #include "fulgur/loggers/tensorboard_logger.hpp"
 
@@ -168,6 +170,39 @@ struct describe<OnExceptionCheckpointOptions> {
   }
 };
 
+template <>
+struct describe<SpikeDetectionOptions> {
+  static constexpr auto fields() {
+    using O = SpikeDetectionOptions;
+    return std::tuple(field("mode", &O::mode, "min: a rise of the loss is a spike; max: a fall is"),
+                      field("window", &O::window, "batches in the running mean the loss is compared with"),
+                      field("warmup", &O::warmup, "batch indices of each epoch below this are never a spike"),
+                      field("atol", &O::atol, "a spike differs from the running mean by at least this (null: any)"),
+                      field("rtol", &O::rtol, "... and by at least rtol times the running mean (null: any)"),
+                      field("exclude_batches_path", &O::exclude_batches_path,
+                            "folder (or .json path) of skip_batches.json (empty: the working directory)"),
+                      field("finite_only", &O::finite_only, "a NaN/inf loss is a spike"));
+  }
+};
+
+/// SpikeDetection as a config names it. Every Trainer a CLI program compiles holds each shipped class,
+/// so a module whose training_step returns no loss must still compile; naming the detector for such a
+/// module is then an error at the first batch rather than SpikeDetection's static_assert.
+class ConfiguredSpikeDetection : public SpikeDetection {
+ public:
+  using SpikeDetection::SpikeDetection;
+  template <class Output, class Batch>
+  void on_train_batch_end(TrainerView& trainer, torch::nn::Module& module, const Output& output, const Batch& batch,
+                          std::int64_t batch_idx) {
+    if constexpr (fulgur::detail::has_loss<Output>)
+      SpikeDetection::on_train_batch_end(trainer, module, output, batch, batch_idx);
+    else
+      throw MisconfigurationError("fulgur: the config names SpikeDetection, which watches the training loss, but "
+                                  "this module's training_step returns no loss (a tensor, or a struct with a `loss` "
+                                  "member): return it, or leave SpikeDetection out of trainer.callbacks.");
+  }
+};
+
 #define FULGUR_CLI_LIGHTNING_ALIASES(package, name) \
   std::array<std::string_view, 2> { "lightning.pytorch." package "." name, "pytorch_lightning." package "." name }
 
@@ -194,6 +229,13 @@ struct class_info<OnExceptionCheckpoint> {
   static constexpr std::string_view doc = "on an exception, a checkpoint of the last completed step";
   using args_type = OnExceptionCheckpointOptions;
   static OnExceptionCheckpoint make(const args_type& args) { return OnExceptionCheckpoint(args); }
+};
+template <>
+struct class_info<ConfiguredSpikeDetection> {
+  static constexpr std::string_view name = "SpikeDetection";  // Lightning Fabric's: no Trainer class path
+  static constexpr std::string_view doc = "stop on a loss spike; record the bad batches to skip";
+  using args_type = SpikeDetectionOptions;
+  static ConfiguredSpikeDetection make(const args_type& args) { return ConfiguredSpikeDetection(args); }
 };
 template <>
 struct class_info<LearningRateMonitor> {
@@ -241,8 +283,8 @@ struct class_info<TensorBoardLogger> {
 
 /// What a CLI program can name by default: fulgur's callbacks and loggers. The checkpoint callbacks come
 /// last, so that their hooks run after the others' (Lightning moves checkpoint callbacks to the end too).
-using shipped_classes = class_list<EarlyStopping, LearningRateMonitor, Timer, ModelSummary, CSVLogger,
-                                   TensorBoardLogger, OnExceptionCheckpoint, ModelCheckpoint>;
+using shipped_classes = class_list<EarlyStopping, LearningRateMonitor, Timer, ModelSummary, ConfiguredSpikeDetection,
+                                   CSVLogger, TensorBoardLogger, OnExceptionCheckpoint, ModelCheckpoint>;
 
 /// The choice a slot offers for class C.
 template <class C>

@@ -14,6 +14,8 @@ namespace fulgur::detail {
 std::string describe_tensor(const at::Tensor& t);
 /// The first line of an exception text, without LibTorch's C++ backtrace.
 std::string first_line(std::string_view what);
+/// A number as a person writes it in a message ("%g"): 0.1, 0.125, 8, 1e-05.
+std::string number_text(double v);
 /// "float32" for at::kFloat, as Python spells dtypes.
 std::string dtype_name(c10::ScalarType dtype);
 

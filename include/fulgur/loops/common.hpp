@@ -117,8 +117,7 @@ std::optional<std::int64_t> sized_length(Data& data) {
     return std::nullopt;
 }
 
-/// A number as a person writes it: 0.1, 0.125, 8.
-std::string number_text(double v);
+using detail::number_text;
 
 /// How many batches of a loader of `length` batches (none: it cannot tell) to run: Lightning's
 /// limit rule (an unknown length: the count, or -1 for all); a fraction of an unknown length other
