@@ -244,6 +244,62 @@ def schedulers(out):
             f.write(" ".join(state.keys()) + "\n")
 
 
+# A param group added after the scheduler was made (as Lightning's BackboneFinetuning adds the backbone's):
+# the scenarios above, and a few more, stepped 3 times, then a third group (lr 0.02, the optimizer's
+# defaults otherwise) added, then stepped up to step 11. PyTorch's step zips the groups with what the
+# schedule returns (strict=True): forms that scale each group's own lr take the new group in, those
+# built on the lists made with the scheduler raise. Where it raises: "raised" (the step), the lrs,
+# last lrs and last_epoch it left, and its message (scheduler_grown_<name>_message.txt).
+GROWN_AFTER = 3
+
+
+def _grown_scenarios():
+    S = torch.optim.lr_scheduler
+    scenarios = dict(_scheduler_scenarios())
+    scenarios.update({
+        "cosine_long": ("sgd", lambda o: S.CosineAnnealingLR(o, T_max=20, eta_min=0.001)),
+        "sequential_late": ("sgd", lambda o: S.SequentialLR(
+            o, [S.StepLR(o, step_size=2, gamma=0.5), S.ExponentialLR(o, gamma=0.9)], milestones=[6])),
+        "swalr": ("sgd", lambda o: torch.optim.swa_utils.SWALR(o, swa_lr=0.05, anneal_epochs=3)),
+    })
+    return scenarios
+
+
+def grown_schedulers(out):
+    for name, (kind, make) in _grown_scenarios().items():
+        params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(3)]
+        groups = [{"params": [params[0]], "lr": 0.1}, {"params": [params[1]], "lr": 0.05}]
+        opt = torch.optim.SGD(groups, lr=0.1, momentum=0.9) if kind == "sgd" else torch.optim.Adam(groups, lr=0.1)
+        sched = make(opt)
+        plateau = isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+        def record(tag):
+            momentum = [g["betas"][0] if "betas" in g else g["momentum"] for g in opt.param_groups]
+            return [(f"{tag}.lr", torch.tensor([g["lr"] for g in opt.param_groups], dtype=torch.float64)),
+                    (f"{tag}.last", torch.tensor(sched.get_last_lr(), dtype=torch.float64)),
+                    (f"{tag}.momentum", torch.tensor(momentum, dtype=torch.float64)),
+                    (f"{tag}.epoch", torch.tensor(float(sched.last_epoch), dtype=torch.float64))]
+
+        entries, message = [], ""
+        for step in range(12):
+            if step == GROWN_AFTER:
+                opt.add_param_group({"params": [params[2]], "lr": 0.02})
+                entries += record("grown")
+            opt.step()
+            try:
+                sched.step(PLATEAU_METRICS[step]) if plateau else sched.step()
+            except Exception as error:  # noqa: BLE001 - what PyTorch raises is the reference
+                entries += [("raised", torch.tensor(float(step), dtype=torch.float64))] + record("fail")
+                message = f"{type(error).__name__}: {error}"
+                break
+            entries += record(f"step{step}")
+        state = sched.state_dict()
+        entries += [(f"state.{k}", torch.tensor(v, dtype=torch.float64)) for k, v in _flat_state(state)]
+        write(os.path.join(out, f"scheduler_grown_{name}.txt"), entries)
+        with open(os.path.join(out, f"scheduler_grown_{name}_message.txt"), "w") as f:
+            f.write(message + "\n")
+
+
 if __name__ == "__main__":
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -254,4 +310,5 @@ if __name__ == "__main__":
     distributed_sampler(out)
     fused_optimizers(out)
     schedulers(out)
+    grown_schedulers(out)
     print(f"golden values written to {out} (torch {torch.__version__})")

@@ -154,12 +154,20 @@ void BackboneFinetuning::setup(TrainerView& trainer, torch::nn::Module& module) 
 }
 
 void BackboneFinetuning::on_fit_start(TrainerView& trainer) {
+  // fulgur::optim's schedulers take the backbone's group as PyTorch's do (those that scale each group's
+  // own lr take it in; those built on per-group lists fail at their next step, as PyTorch's). LibTorch's
+  // ReduceLROnPlateauScheduler would read its per-group min_lrs past their end: refused here.
   for (const OptimizerConfig& config : trainer.optimizers())
-    if (config.lr_scheduler)
+    if (config.lr_scheduler.plateau() != nullptr)
       throw MisconfigurationError(
-          "fulgur: BackboneFinetuning cannot run with an lr scheduler yet: fulgur's schedulers keep one lr per param "
-          "group they were made with, and the backbone's group is added at the unfreeze; return the optimizer "
-          "without a scheduler (and set the first group's lr from a callback if it must change).");
+          "fulgur: BackboneFinetuning cannot run with LibTorch's torch::optim::ReduceLROnPlateauScheduler: it keeps "
+          "a min_lr for each param group it was made with and reads past them once the backbone's group is added; "
+          "use fulgur::optim::ReduceLROnPlateau (Python's: with one min_lr it takes the new group in).");
+  if (trainer.max_epochs() >= 0 && options_.unfreeze_backbone_at_epoch >= trainer.max_epochs())
+    trainer.warn("fulgur: BackboneFinetuning's unfreeze_backbone_at_epoch (" +
+                 std::to_string(options_.unfreeze_backbone_at_epoch) + ") is not below max_epochs (" +
+                 std::to_string(trainer.max_epochs()) + "): epochs are numbered from 0, so the backbone stays frozen "
+                 "for the whole fit; lower unfreeze_backbone_at_epoch or raise max_epochs.");
 }
 
 void BackboneFinetuning::on_train_epoch_start(TrainerView& trainer, torch::nn::Module& module) {

@@ -13,7 +13,10 @@
 #include <limits>
 #include <numbers>
 #include <sstream>
+#include <typeinfo>
 #include <utility>
+
+#include <c10/util/Type.h>
 
 #include "fulgur/errors.hpp"
 
@@ -80,6 +83,24 @@ std::vector<double> doubles_entry(const StateDict& state, const std::string& key
 
 [[noreturn]] void refuse(const std::string& text) { throw MisconfigurationError(text); }
 
+/// A param group added after the scheduler was made, which a schedule kept per group cannot take (PyTorch
+/// raises there too, with `python`): what happened and what to do.
+[[noreturn]] void refuse_added_group(const std::string& kind, std::size_t groups, std::size_t known,
+                                     const std::string& python) {
+  refuse(kind + ": the optimizer has " + std::to_string(groups) + " param groups and this scheduler's schedule " +
+         "holds " + std::to_string(known) + ", those it was made with: a group was added to the optimizer after it "
+         "was made (as BackboneFinetuning's unfreeze adds the backbone's). PyTorch's " + kind + " fails there too (" +
+         python + "). Make the scheduler after the last add_param_group; where a group is added during fit "
+         "(BackboneFinetuning), use one that scales each group's own lr: StepLR, MultiStepLR, ExponentialLR, LinearLR, "
+         "or CosineAnnealingLR within its first T_max steps (docs/optimizers.md).");
+}
+
+std::string kind_of(const LRScheduler& scheduler) {
+  const std::string name = c10::demangle(typeid(scheduler).name());
+  const auto colon = name.rfind("::");
+  return colon == std::string::npos ? name : name.substr(colon + 2);
+}
+
 std::string number(double value) {
   std::ostringstream text;
   text << value;
@@ -103,12 +124,14 @@ std::vector<double> LRScheduler::group_lrs() const {
 }
 
 void LRScheduler::set_group_lrs(const std::vector<double>& lrs) {
+  // Python's zip(param_groups, values, strict=True): the pairs it makes are set before it raises.
   auto& param_groups = optimizer_->param_groups();
+  const std::size_t paired = std::min(lrs.size(), param_groups.size());
+  for (std::size_t i = 0; i < paired; ++i) param_groups[i].options().set_lr(lrs[i]);
   if (lrs.size() != param_groups.size())
-    refuse("fulgur::optim: the scheduler has " + std::to_string(lrs.size()) + " learning rates for " +
-           std::to_string(param_groups.size()) + " param groups: a group was added to the optimizer after the "
-           "scheduler was made; make the scheduler after the last add_param_group.");
-  for (std::size_t i = 0; i < lrs.size(); ++i) param_groups[i].options().set_lr(lrs[i]);
+    refuse_added_group(kind_of(*this), param_groups.size(), lrs.size(),
+                       std::string("zip() argument 2 is ") + (lrs.size() < param_groups.size() ? "shorter" : "longer") +
+                           " than argument 1");
 }
 
 void LRScheduler::initial_step() {
@@ -144,9 +167,7 @@ void LRScheduler::update_lr(std::optional<std::int64_t> epoch) {
 
 double LRScheduler::base_lr(std::size_t group) const {
   if (group >= base_lrs_.size())
-    refuse("fulgur::optim: the optimizer has " + std::to_string(groups()) + " param groups and the scheduler " +
-           std::to_string(base_lrs_.size()) + " base learning rates: a group was added to the optimizer after the "
-           "scheduler was made; make the scheduler after the last add_param_group.");
+    refuse_added_group(kind_of(*this), groups(), base_lrs_.size(), "zip() argument 2 is longer than argument 1");
   return base_lrs_[group];
 }
 
@@ -165,9 +186,12 @@ StateDict LRScheduler::state_dict() const {
 
 void LRScheduler::load_state_dict(const StateDict& state) {
   std::vector<double> base = doubles_entry(state, "base_lrs"), last = doubles_entry(state, "_last_lr");
-  if (base.size() != groups() || last.size() != groups())
-    bad_state("base_lrs", "has " + std::to_string(base.size()) + " learning rates for " + std::to_string(groups()) +
-                              " param groups");
+  // Fewer than the optimizer's groups is a state saved after groups were added (Python's restores it as it is);
+  // more is another optimizer's.
+  if (base.size() > groups() || last.size() > groups())
+    bad_state(base.size() > groups() ? "base_lrs" : "_last_lr",
+              "has " + std::to_string(std::max(base.size(), last.size())) + " learning rates for the optimizer's " +
+                  std::to_string(groups()) + " param groups");
   const std::int64_t last_epoch = int_entry(state, "last_epoch"), step_count = int_entry(state, "_step_count");
   load_own_state(state);
   base_lrs_ = std::move(base);
@@ -568,7 +592,10 @@ std::vector<double> OneCycleLR::get_lr() {
   }
   std::vector<double> lrs;
   auto& param_groups = optimizer_->param_groups();
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
+  for (std::size_t g = 0; g < param_groups.size(); ++g) {
+    if (g >= groups_.size())  // Python reads initial_lr, max_lr, min_lr from the group: a KeyError (momenta set so far)
+      refuse_added_group("OneCycleLR", param_groups.size(), groups_.size(),
+                         "a KeyError: the new group has no 'initial_lr', 'max_lr', 'min_lr'");
     const Group& group = groups_[g];
     double start_step = 0.0, lr = 0.0, momentum = 0.0;
     for (std::size_t i = 0; i < phases_.size(); ++i) {
@@ -739,9 +766,12 @@ void ReduceLROnPlateau::step(double metric) {
   auto& groups = optimizer_->param_groups();
   if (num_bad_epochs_ > options_.patience) {
     if (groups.size() != min_lrs_.size()) {
-      if (!default_min_lr_)
-        refuse("ReduceLROnPlateau: the optimizer has " + std::to_string(groups.size()) + " param groups and " +
-               std::to_string(min_lrs_.size()) + " min_lrs were given when it was made: give one per group.");
+      if (!default_min_lr_)  // Python's RuntimeError, word for word, then what fulgur offers instead of the field
+        refuse("The number of param groups in the `optimizer` (" + std::to_string(groups.size()) +
+               ") differs from when `ReduceLROnPlateau` was initialized (" + std::to_string(min_lrs_.size()) +
+               "), usually due to a new param group being added to the optimizer. Please modify the `min_lrs` field "
+               "to match the length of the `optimizer` param groups. (fulgur: give ReduceLROnPlateauOptions::min_lr "
+               "one value, which every group takes, those added later included.)");
       min_lrs_.assign(groups.size(), options_.min_lr.front());
     }
     for (std::size_t i = 0; i < groups.size(); ++i) {

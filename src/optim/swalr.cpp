@@ -52,6 +52,12 @@ std::vector<double> SWALR::get_lr() {
   const std::vector<double> lrs = group_lrs();
   std::vector<double> out;
   for (std::size_t i = 0; i < lrs.size(); ++i) {
+    if (i >= swa_lrs_.size())  // Python keeps swa_lr in the group: a group added later has none (a KeyError)
+      throw MisconfigurationError(
+          "SWALR: the optimizer has " + std::to_string(lrs.size()) + " param groups and SWALR holds the swa_lr of " +
+          std::to_string(swa_lrs_.size()) + ", those it was made with: a group was added to the optimizer after it "
+          "was made. PyTorch's SWALR fails there too (a KeyError: the new group has no 'swa_lr'). Make the SWALR "
+          "after the last add_param_group.");
     const double swa_lr = swa_lrs_[i];
     // _get_initial_lr: the lr the annealing started from, out of the current one.
     const double prev_lr = prev_alpha == 1 ? swa_lr : (lrs[i] - prev_alpha * swa_lr) / (1 - prev_alpha);

@@ -50,6 +50,38 @@ for name, (options, main_lr, epochs) in CASES.items():
         lines.append(f"{name} groups{epoch} {len(opt.param_groups)}")
         lines.append(f"{name} lr{epoch} {opt.param_groups[-1]['lr']!r}")
 
+# BackboneFinetuning with an lr scheduler made in configure_optimizers (one group then): Lightning's order,
+# the callback's finetune_function at each epoch start (the backbone's group added at the unfreeze), the
+# scheduler stepped after each optimizer step ("step", 2 batches an epoch) or at each epoch end. Every
+# group's lr at each epoch start, before the callback (the scheduler's) and after; where PyTorch's
+# scheduler raises, the epoch.
+S = torch.optim.lr_scheduler
+SCHEDULED = {  # name: (options, scheduler, interval, epochs)
+    "bbs_step": (dict(unfreeze_backbone_at_epoch=2), lambda o: S.StepLR(o, step_size=2, gamma=0.5), "epoch", 8),
+    "bbs_cosine": (dict(unfreeze_backbone_at_epoch=3, lambda_func=lambda e: 1.5),
+                   lambda o: S.CosineAnnealingLR(o, T_max=8, eta_min=0.001), "epoch", 8),
+    "bbs_exp_steps": (dict(unfreeze_backbone_at_epoch=1, should_align=False),
+                      lambda o: S.ExponentialLR(o, gamma=0.9), "step", 5),
+    "bbs_lambda": (dict(unfreeze_backbone_at_epoch=2), lambda o: S.LambdaLR(o, lambda e: 0.9 ** e), "epoch", 6),
+}
+for name, (options, make, interval, epochs) in SCHEDULED.items():
+    net = Net()
+    cb = BackboneFinetuning(**options)
+    cb.freeze_before_training(net)
+    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+    sched = make(opt)
+    try:
+        for epoch in range(epochs):
+            lines.append(f"{name} pre{epoch} " + " ".join(repr(g["lr"]) for g in opt.param_groups))
+            cb.finetune_function(net, epoch, opt)
+            lines.append(f"{name} lrs{epoch} " + " ".join(repr(g["lr"]) for g in opt.param_groups))
+            for _ in range(2 if interval == "step" else 0):
+                sched.step()
+            if interval == "epoch":
+                sched.step()
+    except Exception as e:
+        lines.append(f"{name} raised {epoch} {type(e).__name__}: {e}")
+
 # Lightning's verbose lines (its module logger), on bb_custom's schedule with verbose and rounding 5.
 class Lines(logging.Handler):
     def emit(self, record):

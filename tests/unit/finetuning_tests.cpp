@@ -401,15 +401,147 @@ TEST_CASE("BackboneFinetuning under DDP: the reducer's buckets take the backbone
 }
 
 namespace {
+/// The backbone's group added under a scheduler made with the head's group alone.
 struct ScheduledNetImpl : FinetuneNetImpl {
+  explicit ScheduledNetImpl(std::string kind = "libtorch_step") : kind(std::move(kind)) {}
   OptimizerConfig configure_optimizers() {
-    auto sgd = std::make_unique<torch::optim::SGD>(parameters(), 0.1);
-    auto step = std::make_unique<torch::optim::StepLR>(*sgd, /*step_size=*/1, /*gamma=*/0.5);
-    return {.optimizer = std::move(sgd), .lr_scheduler = std::move(step)};
+    std::vector<at::Tensor> trainable;
+    for (auto& p : parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    auto sgd = std::make_unique<torch::optim::SGD>(trainable, torch::optim::SGDOptions(0.1).momentum(0.9));
+    OptimizerConfig config;
+    if (kind == "libtorch_step") config.lr_scheduler = std::make_unique<torch::optim::StepLR>(*sgd, 1, 0.5);
+    if (kind == "libtorch_plateau")
+      config.lr_scheduler = std::make_unique<torch::optim::ReduceLROnPlateauScheduler>(*sgd);
+    if (kind == "bbs_step") config.lr_scheduler = std::make_unique<optim::StepLR>(*sgd, 2, 0.5);
+    if (kind == "bbs_cosine") config.lr_scheduler = std::make_unique<optim::CosineAnnealingLR>(*sgd, 8, 0.001);
+    if (kind == "bbs_exp_steps") {
+      config.lr_scheduler = std::make_unique<optim::ExponentialLR>(*sgd, 0.9);
+      config.interval = SchedulerInterval::step;
+    }
+    if (kind == "bbs_lambda")
+      config.lr_scheduler = std::make_unique<optim::LambdaLR>(
+          *sgd, [](std::int64_t e) { return std::pow(0.9, static_cast<double>(e)); });
+    if (kind == "libtorch_plateau") config.monitor = "train_loss";
+    config.optimizer = std::move(sgd);
+    return config;
   }
+  std::string kind;
 };
 TORCH_MODULE(ScheduledNet);
+
+/// Every group's lr at each epoch start: listed before BackboneFinetuning, the scheduler's; after, the callback's.
+struct GroupLrs {
+  std::map<std::int64_t, std::vector<double>> lrs;
+  void on_train_epoch_start(TrainerView& trainer) {
+    std::vector<double>& out = lrs[trainer.current_epoch()];
+    for (const auto& group : trainer.optimizers()[0].optimizer->param_groups()) out.push_back(group.options().get_lr());
+  }
+};
+/// The reference's "<lr> <lr> ..." (Python's repr, which reads back to the same double).
+std::vector<double> numbers(const std::string& c, const std::string& key) {
+  std::istringstream in(lightning().at(c).at(key));
+  std::vector<double> out;
+  for (std::string word; in >> word;) out.push_back(std::strtod(word.c_str(), nullptr));
+  return out;
+}
+struct SchedulerLrs : GroupLrs {};
+struct CallbackLrs : GroupLrs {};
 }  // namespace
+
+TEST_CASE("BackboneFinetuning with a fulgur::optim scheduler: every group's lr at each epoch is Lightning's",
+          "[finetuning][backbone][scheduler]") {
+  // Lightning's BackboneFinetuning adds the backbone's group under the scheduler made in configure_optimizers:
+  // StepLR and CosineAnnealingLR (per epoch) and ExponentialLR (per step) scale it with the head's group from
+  // then on, and the callback sets it again at each epoch start (tests/unit/finetuning_reference.py).
+  struct Case {
+    std::string name;
+    BackboneFinetuningOptions options;
+    std::int64_t epochs;
+  };
+  const std::vector<Case> cases{
+      {"bbs_step", {.unfreeze_backbone_at_epoch = 2}, 8},
+      {"bbs_cosine", {.unfreeze_backbone_at_epoch = 3, .lambda_func = [](std::int64_t) { return 1.5; }}, 8},
+      {"bbs_exp_steps", {.unfreeze_backbone_at_epoch = 1, .should_align = false}, 5},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    torch::manual_seed(0);
+    ScheduledNet net(c.name);
+    test::CpuTrainer<FloatPrecision, SchedulerLrs, BackboneFinetuning, CallbackLrs> trainer(
+        test::quiet({.max_epochs = c.epochs}), SchedulerLrs{}, BackboneFinetuning(c.options), CallbackLrs{});
+    auto loader = small_loader(8);  // 2 batches an epoch, as the reference steps
+    trainer.fit(net, loader);
+    for (std::int64_t epoch = 0; epoch < c.epochs; ++epoch) {
+      INFO("epoch " << epoch);
+      // bit for bit
+      CHECK(trainer.callback<SchedulerLrs>().lrs.at(epoch) == numbers(c.name, "pre" + std::to_string(epoch)));
+      CHECK(trainer.callback<CallbackLrs>().lrs.at(epoch) == numbers(c.name, "lrs" + std::to_string(epoch)));
+    }
+  }
+}
+
+TEST_CASE("BackboneFinetuning with a LambdaLR: PyTorch's fails at the step after the unfreeze, fulgur's there too",
+          "[finetuning][backbone][scheduler][errors]") {
+  // LambdaLR's lrs are base_lr * f(epoch), one base_lr per group it was made with: the backbone's has none.
+  torch::manual_seed(0);
+  ScheduledNet net("bbs_lambda");
+  test::CpuTrainer<FloatPrecision, BackboneFinetuning, CallbackLrs> trainer(
+      test::quiet({.max_epochs = 6}), BackboneFinetuning({.unfreeze_backbone_at_epoch = 2}), CallbackLrs{});
+  auto loader = small_loader(8);
+  const std::string message = test::message_of<MisconfigurationError>([&] { trainer.fit(net, loader); });
+  CHECK_THAT(message, Catch::StartsWith("LambdaLR: the optimizer has 2 param groups and this scheduler's schedule "
+                                        "holds 1, those it was made with"));
+  CHECK_THAT(message, Catch::Contains("Make the scheduler after the last add_param_group"));
+  const std::string raised = lightning().at("bbs_lambda").at("raised");  // "<epoch> ValueError: ..."
+  const auto& lrs = trainer.callback<CallbackLrs>().lrs;
+  REQUIRE_FALSE(lrs.empty());
+  CHECK(std::to_string(lrs.rbegin()->first) == raised.substr(0, raised.find(' ')));  // the epoch it stopped in
+  CHECK_THAT(message, Catch::Contains(raised.substr(raised.find("ValueError: ") + 12)));
+  for (const auto& [epoch, values] : lrs) CHECK(values == numbers("bbs_lambda", "lrs" + std::to_string(epoch)));
+}
+
+TEST_CASE("BackboneFinetuning with a StepLR: a fit resumed after the unfreeze, inside an epoch, ends bit-identical",
+          "[finetuning][backbone][scheduler][checkpoint]") {
+  // The scheduler's state saved with two groups (base_lrs one, _last_lr two) is loaded after the callback
+  // added the backbone's group again.
+  const std::string folder = test::scratch_folder("backbone_scheduler_resume");
+  for (const std::string kind : {"bbs_step", "bbs_exp_steps"}) {
+    INFO(kind);
+    const auto run = [&](bool save, const std::string& resume) {
+      torch::manual_seed(0);
+      ScheduledNet net(kind);
+      test::CpuTrainer<FloatPrecision, BackboneFinetuning, SaveAt, CallbackLrs> trainer(
+          test::quiet({.max_epochs = 5}), BackboneFinetuning({.unfreeze_backbone_at_epoch = 1}),
+          SaveAt{save ? 2 : -1, 0, folder + "/mid.ckpt"}, CallbackLrs{});
+      auto loader = small_loader(16);
+      trainer.fit(net, loader, FitOptions{.ckpt_path = resume});
+      return std::pair{trainer.callback<CallbackLrs>().lrs, test::snapshot(*net)};
+    };
+    const auto [straight_lrs, straight] = run(true, "");
+    const auto [resumed_lrs, resumed] = run(false, folder + "/mid.ckpt");
+    REQUIRE(straight.size() == resumed.size());
+    for (std::size_t i = 0; i < straight.size(); ++i) CHECK(torch::equal(straight[i], resumed[i]));
+    for (std::int64_t epoch = 3; epoch < 5; ++epoch) CHECK(resumed_lrs.at(epoch) == straight_lrs.at(epoch));
+  }
+}
+
+TEST_CASE("BackboneFinetuning whose unfreeze epoch is past max_epochs warns once (probe)", "[finetuning][backbone]") {
+  // Found by the probe: unfreeze_backbone_at_epoch = 5 with max_epochs = 5 trained the head alone, silently.
+  for (const std::int64_t unfreeze : {4, 5, 9}) {
+    INFO("unfreeze at " << unfreeze);
+    torch::manual_seed(0);
+    FinetuneNet net;
+    test::CpuTrainer<FloatPrecision, BackboneFinetuning> trainer(
+        test::quiet({.max_epochs = 5}), BackboneFinetuning({.unfreeze_backbone_at_epoch = unfreeze}));
+    auto loader = small_loader(8);
+    const FitResult result = trainer.fit(net, loader);
+    const auto count = std::count_if(result.warnings.begin(), result.warnings.end(), [](const std::string& w) {
+      return w.find("the backbone stays frozen for the whole fit") != std::string::npos;
+    });
+    CHECK(count == (unfreeze >= 5 ? 1 : 0));
+  }
+}
 
 TEST_CASE("BackboneFinetuning: bad options, modules without a backbone, an lr scheduler", "[finetuning][backbone][errors]") {
   CHECK_THAT(test::message_of<MisconfigurationError>([] { BackboneFinetuning({.unfreeze_backbone_at_epoch = -1}); }),
@@ -435,8 +567,16 @@ TEST_CASE("BackboneFinetuning: bad options, modules without a backbone, an lr sc
                                                               BackboneFinetuning({.backbone = "fc1"}));
   by_name.fit(other, loader);
   CHECK(torch::equal(other->fc1->weight, before));
-  ScheduledNet scheduled;
-  test::CpuTrainer<FloatPrecision, BackboneFinetuning> with_scheduler(test::quiet({.max_epochs = 1}), BackboneFinetuning());
-  CHECK_THAT(test::message_of<MisconfigurationError>([&] { with_scheduler.fit(scheduled, loader); }),
-             Catch::Contains("BackboneFinetuning cannot run with an lr scheduler yet"));
+  // LibTorch's StepLR scales every group, the backbone's too: it runs. Its ReduceLROnPlateauScheduler would
+  // read past its per-group min_lrs: refused before training.
+  ScheduledNet scheduled("libtorch_step");
+  test::CpuTrainer<FloatPrecision, BackboneFinetuning, CallbackLrs> with_scheduler(
+      test::quiet({.max_epochs = 2}), BackboneFinetuning({.unfreeze_backbone_at_epoch = 1}), CallbackLrs{});
+  with_scheduler.fit(scheduled, loader);
+  CHECK(with_scheduler.callback<CallbackLrs>().lrs.at(1).size() == 2U);  // the backbone's group from epoch 1
+  ScheduledNet plateau("libtorch_plateau");
+  test::CpuTrainer<FloatPrecision, BackboneFinetuning> with_plateau(test::quiet({.max_epochs = 2}),
+                                                                   BackboneFinetuning());
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { with_plateau.fit(plateau, loader); }),
+             Catch::Contains("BackboneFinetuning cannot run with LibTorch's torch::optim::ReduceLROnPlateauScheduler"));
 }

@@ -36,6 +36,7 @@ struct Scheduler {
   std::unique_ptr<optim::ReduceLROnPlateau> plateau;
   void step(int i) { plateau ? plateau->step(kPlateauMetrics[static_cast<std::size_t>(i)]) : stepwise->step(); }
   std::vector<double> last() const { return plateau ? plateau->get_last_lr() : stepwise->get_last_lr(); }
+  std::int64_t last_epoch() const { return plateau ? plateau->last_epoch() : stepwise->last_epoch(); }
   StateDict state() const { return plateau ? plateau->state_dict() : stepwise->state_dict(); }
   void load(const StateDict& s) { plateau ? plateau->load_state_dict(s) : stepwise->load_state_dict(s); }
 };
@@ -65,6 +66,13 @@ Scheduler make_scheduler(const std::string& name, torch::optim::Optimizer& o) {
   } else if (name == "plateau")
     s.plateau = std::make_unique<ReduceLROnPlateau>(
         o, ReduceLROnPlateauOptions{.factor = 0.5, .patience = 1, .threshold = 0.01, .cooldown = 1});
+  else if (name == "cosine_long") s.stepwise = std::make_unique<CosineAnnealingLR>(o, 20, 0.001);
+  else if (name == "sequential_late") {
+    std::vector<std::unique_ptr<LRScheduler>> parts;
+    parts.push_back(std::make_unique<StepLR>(o, 2, 0.5));
+    parts.push_back(std::make_unique<ExponentialLR>(o, 0.9));
+    s.stepwise = std::make_unique<SequentialLR>(o, std::move(parts), std::vector<std::int64_t>{6});
+  } else if (name == "swalr") s.stepwise = std::make_unique<SWALR>(o, std::vector<double>{0.05}, 3);
   else if (name == "plateau_max_abs")
     s.plateau = std::make_unique<ReduceLROnPlateau>(
         o, ReduceLROnPlateauOptions{.mode = ReduceLROnPlateauOptions::Mode::max, .factor = 0.5, .patience = 0,
@@ -97,6 +105,65 @@ void check_step(torch::optim::Optimizer& o, const Scheduler& s, std::map<std::st
   CHECK(test::identical(group_lrs(o), g[tag + ".lr"]));
   CHECK(test::identical(as_tensor(s.last()), g[tag + ".last"]));
   CHECK(test::identical(group_momenta(o), g[tag + ".momentum"]));
+}
+
+/// make_golden.py's grown scenarios: a third group (lr 0.02, the optimizer's defaults otherwise, as
+/// PyTorch's add_param_group fills it) added after 3 steps.
+const std::vector<std::string> kGrownScenarios{"step",          "multistep",   "exponential",     "cosine",
+                                               "cosine_long",   "warm_restarts", "linear",        "onecycle",
+                                               "onecycle_adam", "lambda",      "sequential",      "sequential_late",
+                                               "swalr",         "plateau",     "plateau_max_abs"};
+constexpr int kGrownAfter = 3;
+
+void add_group(torch::optim::Optimizer& o) {
+  std::unique_ptr<torch::optim::OptimizerOptions> options = o.defaults().clone();
+  options->set_lr(0.02);
+  o.add_param_group(torch::optim::OptimizerParamGroup({torch::zeros({2}).requires_grad_(true)}, std::move(options)));
+}
+
+void check_grown(torch::optim::Optimizer& o, const Scheduler& s, std::map<std::string, at::Tensor>& g,
+                 const std::string& tag) {
+  check_step(o, s, g, tag);
+  CHECK(static_cast<double>(s.last_epoch()) == g[tag + ".epoch"].item<double>());
+}
+
+/// Steps `s` from step `from` to 11 (the group added before step kGrownAfter when `from` is 0), each
+/// step's lrs and last lrs checked against PyTorch's, and where PyTorch raised, fulgur's error there.
+void run_grown(const std::string& name, torch::optim::Optimizer& o, Scheduler& s, int from) {
+  auto g = test::read_golden("scheduler_grown_" + name + ".txt");
+  std::ifstream message_file(std::string(FULGUR_GOLDEN_DIR) + "/scheduler_grown_" + name + "_message.txt");
+  std::string python_message;
+  std::getline(message_file, python_message);
+  const int raised = g.count("raised") != 0 ? static_cast<int>(g["raised"].item<double>()) : -1;
+  for (int i = from; i < 12; ++i) {
+    INFO("step " << i);
+    if (i == kGrownAfter && from == 0) {
+      add_group(o);
+      check_grown(o, s, g, "grown");
+    }
+    std::string message;
+    try {
+      s.step(i);
+    } catch (const MisconfigurationError& error) {
+      message = error.what();
+    }
+    if (message.empty()) {
+      REQUIRE(i != raised);  // PyTorch raised at this step
+      check_grown(o, s, g, "step" + std::to_string(i));
+      continue;
+    }
+    INFO(message);
+    REQUIRE(i == raised);
+    check_grown(o, s, g, "fail");  // what PyTorch's failed step left: the pairs zip made set, last_lr as it was
+    if (python_message.rfind("RuntimeError: ", 0) == 0)  // ReduceLROnPlateau's, word for word
+      CHECK_THAT(message, Catch::StartsWith(python_message.substr(14)));
+    else
+      CHECK_THAT(message, Catch::Contains("a group was added to the optimizer after it was made") &&
+                              Catch::Contains("fails there too"));
+    if (python_message.rfind("ValueError: ", 0) == 0) CHECK_THAT(message, Catch::Contains(python_message.substr(12)));
+    break;
+  }
+  if (raised < 0) CHECK(g.count("step11.lr") == 1);
 }
 
 /// make_golden.py's _flat_state: numbers and lists of numbers, nested schedulers as "_schedulers.i.".
@@ -259,7 +326,7 @@ TEST_CASE("Schedulers: a group added later, and a state of another kind, are err
   o->add_param_group(torch::optim::OptimizerParamGroup({torch::zeros({1}).requires_grad_(true)},
                                                        std::make_unique<torch::optim::SGDOptions>(0.2)));
   CHECK_THAT(test::message_of<MisconfigurationError>([&] { cosine.step(); cosine.step(); }),
-             Catch::Contains("a group was added to the optimizer after the scheduler was made"));
+             Catch::Contains("a group was added to the optimizer after it was made"));
   auto fresh = make_optimizer(false);
   optim::StepLR step(*fresh, 2);
   optim::CosineAnnealingLR other(*fresh, 4);
@@ -343,4 +410,65 @@ TEST_CASE("OneCycleLR resumed into a longer run: the error says the total came f
   fresh.step();
   CHECK(test::message_of<MisconfigurationError>([&] { fresh.step(); }) ==
         "OneCycleLR: tried to step 3 times. The specified number of total steps is 2.");
+}
+
+TEST_CASE("A param group added after the scheduler was made: every group's lr as PyTorch's, or its error there",
+          "[scheduler][grown]") {
+  // PyTorch 2.11 zips the groups with the schedule's values (strict=True): StepLR, MultiStepLR, ExponentialLR,
+  // LinearLR and CosineAnnealingLR's recursive form scale each group's own lr and take the new group in; the
+  // forms built on lists made with the scheduler (LambdaLR, the closed forms, OneCycleLR, SWALR, a
+  // ReduceLROnPlateau given one min_lr per group) raise at their next step.
+  for (const auto& name : kGrownScenarios) {
+    INFO(name);
+    auto optimizer = make_optimizer(name == "onecycle_adam");
+    Scheduler scheduler = make_scheduler(name, *optimizer);
+    run_grown(name, *optimizer, scheduler, 0);
+    // state_dict after the group was added (base_lrs as made, _last_lr one per group): Python's numbers.
+    auto g = test::read_golden("scheduler_grown_" + name + ".txt");
+    std::map<std::string, at::Tensor> flat;
+    flatten(scheduler.state(), "state.", flat);
+    std::size_t golden_entries = 0;
+    for (const auto& [key, value] : g) {
+      if (key.rfind("state.", 0) != 0) continue;
+      ++golden_entries;
+      INFO(key);
+      REQUIRE(flat.count(key) == 1);
+      CHECK(test::identical(flat.at(key), value.reshape(flat.at(key).sizes())));
+    }
+    CHECK(flat.size() == golden_entries);
+  }
+}
+
+TEST_CASE("A scheduler's state saved after a group was added resumes exactly", "[scheduler][grown][checkpoint]") {
+  constexpr int kSaveAfter = 6;  // steps 0-5 taken, the group added before step 3
+  for (const auto& name : kGrownScenarios) {
+    auto g = test::read_golden("scheduler_grown_" + name + ".txt");
+    if (g.count("raised") != 0 && g["raised"].item<double>() < kSaveAfter) continue;  // PyTorch stopped before
+    INFO(name);
+    const bool adam = name == "onecycle_adam";
+    auto optimizer = make_optimizer(adam);
+    Scheduler scheduler = make_scheduler(name, *optimizer);
+    for (int i = 0; i < kSaveAfter; ++i) {
+      if (i == kGrownAfter) add_group(*optimizer);
+      scheduler.step(i);
+    }
+    const StateDict saved = scheduler.state();
+    const std::string archive = test::archive_bytes(*optimizer);
+    // The resumed run: optimizer and scheduler made afresh, the group added again (as BackboneFinetuning does
+    // before the optimizer's state is loaded), then both states loaded.
+    auto resumed_optimizer = make_optimizer(adam);
+    Scheduler resumed = make_scheduler(name, *resumed_optimizer);
+    add_group(*resumed_optimizer);
+    test::load_archive_bytes(*resumed_optimizer, archive);
+    resumed.load(saved);
+    run_grown(name, *resumed_optimizer, resumed, kSaveAfter);
+  }
+  // A state with more learning rates than the optimizer has groups is another optimizer's.
+  auto three = make_optimizer(false);
+  add_group(*three);
+  optim::StepLR big(*three, 2);
+  auto two = make_optimizer(false);
+  optim::StepLR small(*two, 2);
+  CHECK_THAT(test::message_of<CheckpointError>([&] { small.load_state_dict(big.state_dict()); }),
+             Catch::Contains("'base_lrs' has 3 learning rates for the optimizer's 2 param groups"));
 }

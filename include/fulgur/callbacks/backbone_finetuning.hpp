@@ -44,7 +44,9 @@ class BackboneFinetuning {
   /// Freezes the backbone (before configure_optimizers); refuses a module without it and the
   /// strategies the unfreeze cannot reach (see the docs page).
   void setup(TrainerView& trainer, torch::nn::Module& module);
-  /// Refuses an lr scheduler on the optimizers (see the docs page: not there yet).
+  /// Refuses LibTorch's ReduceLROnPlateauScheduler (it would read past its per-group min_lrs once the backbone's
+  /// group is added; fulgur::optim's schedulers take the group as PyTorch's do) and warns once when
+  /// unfreeze_backbone_at_epoch is not below max_epochs.
   void on_fit_start(TrainerView& trainer);
   void on_train_epoch_start(TrainerView& trainer, torch::nn::Module& module);
   /// Resuming: before the optimizers' state is loaded, adds the param groups the run had added.
