@@ -12,12 +12,12 @@
 #include <cmath>
 #include <limits>
 #include <numbers>
-#include <sstream>
 #include <typeinfo>
 #include <utility>
 
 #include <c10/util/Type.h>
 
+#include "fulgur/detail/describe.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur::optim {
@@ -101,11 +101,7 @@ std::string kind_of(const LRScheduler& scheduler) {
   return colon == std::string::npos ? name : name.substr(colon + 2);
 }
 
-std::string number(double value) {
-  std::ostringstream text;
-  text << value;
-  return text.str();
-}
+using detail::number_text;  // what an ostream's default writes: "%g"
 
 }  // namespace
 
@@ -447,9 +443,9 @@ LinearLR::LinearLR(torch::optim::Optimizer& optimizer, double start_factor, doub
     : LRScheduler(optimizer), start_factor_(start_factor), end_factor_(end_factor), total_iters_(total_iters) {
   if (start_factor > 1.0 || start_factor <= 0)
     refuse("LinearLR: starting multiplicative factor expected to be greater than 0 and less or equal to 1, got " +
-           number(start_factor) + ".");
+           number_text(start_factor) + ".");
   if (end_factor > 1.0 || end_factor < 0)
-    refuse("LinearLR: ending multiplicative factor expected to be between 0 and 1, got " + number(end_factor) + ".");
+    refuse("LinearLR: ending multiplicative factor expected to be between 0 and 1, got " + number_text(end_factor) + ".");
   if (total_iters <= 0) refuse("LinearLR: total_iters must be positive, got " + std::to_string(total_iters) + ".");
   initial_step();
 }
@@ -539,7 +535,7 @@ OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const std::vector<dou
   else
     phases_ = {{pct * total - 1, initial_lr, max_lr, max_momentum, base_momentum},
                {total - 1, max_lr, min_lr, base_momentum, max_momentum}};
-  if (pct < 0 || pct > 1) refuse("OneCycleLR: expected float between 0 and 1 pct_start, but got " + number(pct) + ".");
+  if (pct < 0 || pct > 1) refuse("OneCycleLR: expected float between 0 and 1 pct_start, but got " + number_text(pct) + ".");
   if (max_lrs.size() != groups())
     refuse("OneCycleLR: max_lr must have the same length as optimizer.param_groups. max_lr has " +
            std::to_string(max_lrs.size()) + " values, param_groups has " + std::to_string(groups()) + ".");
@@ -726,7 +722,7 @@ void SequentialLR::load_state_dict(const StateDict& state) {
 
 ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
     : optimizer_(&optimizer), options_(std::move(options)) {
-  if (options_.factor >= 1.0) refuse("ReduceLROnPlateau: factor should be < 1.0, got " + number(options_.factor) + ".");
+  if (options_.factor >= 1.0) refuse("ReduceLROnPlateau: factor should be < 1.0, got " + number_text(options_.factor) + ".");
   const std::size_t groups = optimizer.param_groups().size();
   if (options_.min_lr.size() == 1) {
     default_min_lr_ = true;
