@@ -4,7 +4,8 @@
 //
 //   fulgur_checkpoint_fuzz <seconds> <seed> [extra seed files...]
 //   fulgur_checkpoint_fuzz --replay <file>...
-//   fulgur_checkpoint_fuzz --write-seeds <folder>   (the seed checkpoints: a corpus for the libFuzzer target)
+//   fulgur_checkpoint_fuzz --write-seeds <folder>   (the seed checkpoints and their pickles: a corpus for
+//                                                    the libFuzzer target, which zips an input that is a pickle)
 //
 // Inputs are valid checkpoints mutated at random (bit flips, byte and integer overwrites, truncation,
 // chunks duplicated, removed or inserted), mutated where it matters (zip local headers, central
@@ -567,10 +568,16 @@ struct QuietWarnings final : c10::WarningHandler {
 }  // namespace
 
 #if FULGUR_LIBFUZZER
+// An input that starts as a pickle does (PROTO, 0x80) is a data.pkl: it is zipped with the rich seed's
+// tensor records, so that libFuzzer's mutations inside it reach the unpickler rather than fail the zip's
+// CRC-32. Any other input is the file itself (one starting with 0x80 is no zip: refused at once anyway).
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static Shared shared{};
+  static const Seed records = make_seed(fulgur::checkpoint::to_bytes(rich_state()));
   c10::WarningUtils::set_warning_handler(&quiet);
-  if (run_one(Bytes(data, data + size), shared) != 0) {
+  Bytes input(data, data + size);
+  if (size > 0 && data[0] == 0x80) input = rezip(records, std::string(input.begin(), input.end()));
+  if (run_one(input, shared) != 0) {
     std::fprintf(stderr, "%s\n", shared.message);
     std::abort();
   }
@@ -589,10 +596,11 @@ int main(int argc, char** argv) {
   c10::WarningUtils::set_warning_handler(&quiet);
   if (std::string(argv[1]) == "--write-seeds") {
     const Corpus corpus = make_corpus(0, {});
-    for (std::size_t i = 0; i < corpus.seeds.size(); ++i) {
-      const Bytes& bytes = corpus.seeds[i].bytes;
+    for (std::size_t i = 0; i < corpus.seeds.size(); ++i) {  // the files, and their pickles alone
+      const Seed& s = corpus.seeds[i];
       std::ofstream(std::string(argv[2]) + "/seed-" + std::to_string(i), std::ios::binary)
-          .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+          .write(s.bytes.data(), static_cast<std::streamsize>(s.bytes.size()));
+      std::ofstream(std::string(argv[2]) + "/pickle-" + std::to_string(i), std::ios::binary) << s.pickle;
     }
     return 0;
   }
