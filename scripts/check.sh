@@ -92,7 +92,7 @@ run_libfuzzer() {
     echo "$name libFuzzer: FAILED, the input and the log in $artifacts"
     exit 1
   fi
-  grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::new_units_added|Done)' "$log" |
+  grep -E '^(#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units|stat::new_units_added|Done)' "$log" |
     sed "s/^/$name libFuzzer: /"
 }
 
