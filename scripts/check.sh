@@ -19,8 +19,10 @@ supp="$root/scripts/sanitizers"
 usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 job="$1"; shift
-# clang-16 comes with the test suite's set-up (the compile-fail cases use it); clang-tidy with the gates.
-FULGUR_EXTRA_DEBS="clang-tidy-16" bash "$root/scripts/setup.sh"
+# clang-16 comes with the test suite's set-up (the compile-fail cases use it); clang-tidy with the job that runs it.
+extra_debs=""
+[[ "$job" == tidy || "$job" == all ]] && extra_debs="clang-tidy-16"
+FULGUR_EXTRA_DEBS="$extra_debs" bash "$root/scripts/setup.sh"
 
 # configure_and_build DIR TARGETS... -- CMAKE_ARGS...
 configure_and_build() {
@@ -80,6 +82,20 @@ run_tidy() {
   echo "clang-tidy: ${#sources[@]} sources (and the headers they include) clean"
 }
 
+# run_libfuzzer NAME BINARY TIMEOUT: $seconds of libFuzzer from $artifacts/NAME-corpus; its summary (runs,
+# coverage, features), or on a finding the end of its report and where the input is.
+run_libfuzzer() {
+  local name="$1" binary="$2" timeout="$3" log="$artifacts/$1.log"
+  if ! "$binary" -max_total_time="$seconds" -timeout="$timeout" -rss_limit_mb=4096 \
+      -artifact_prefix="$artifacts/$name-" -print_final_stats=1 "$artifacts/$name-corpus" >"$log" 2>&1; then
+    tail -n 60 "$log"
+    echo "$name libFuzzer: FAILED, the input and the log in $artifacts"
+    exit 1
+  fi
+  grep -E '^(#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units|stat::new_units_added|Done)' "$log" |
+    sed "s/^/$name libFuzzer: /"
+}
+
 run_fuzz() {
   local seconds="${FULGUR_FUZZ_SECONDS:-120}" dir="$root/build-clang" artifacts
   artifacts="$(mktemp -d)"
@@ -92,20 +108,16 @@ run_fuzz() {
   CXX=clang++-16 configure_and_build "$dir" fulgur_checkpoint_libfuzzer fulgur_npy_libfuzzer fulgur_tokens_libfuzzer \
     fulgur_cli_libfuzzer -- -DCMAKE_BUILD_TYPE=Release
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp"
-  export ASAN_OPTIONS="detect_leaks=0"  # LibTorch's zip reader leaks on a refused archive (lsan.supp says which)
+  export ASAN_OPTIONS="detect_leaks=1"
+  export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"  # LibTorch's zip reader (lsan.supp says why)
   for target in npy tokens cli; do
     mkdir -p "$artifacts/$target-corpus"
     "$root/build/tests/fuzz/fulgur_reader_fuzz" "$target" --write-seeds "$artifacts/$target-corpus"
-    "$dir/tests/fuzz/fulgur_${target}_libfuzzer" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 \
-      -artifact_prefix="$artifacts/$target-" -print_final_stats=1 "$artifacts/$target-corpus" 2>&1 |
-      grep -E '^(stat::number_of_executed_units|Done|==[0-9]+==ERROR|SUMMARY)' | sed "s/^/$target libFuzzer: /"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "$target libFuzzer: FAILED, inputs in $artifacts"; exit 1; }
+    run_libfuzzer "$target" "$dir/tests/fuzz/fulgur_${target}_libfuzzer" 20
   done
   mkdir -p "$artifacts/checkpoint-corpus"
-  "$dir/tests/checkpoint/fulgur_checkpoint_libfuzzer" -max_total_time="$seconds" -timeout=60 -rss_limit_mb=4096 \
-    -artifact_prefix="$artifacts/checkpoint-" -print_final_stats=1 "$artifacts/checkpoint-corpus" 2>&1 |
-    grep -E '^(stat::number_of_executed_units|Done|==[0-9]+==ERROR|SUMMARY)' | sed "s/^/checkpoint libFuzzer: /"
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "checkpoint libFuzzer: FAILED, inputs in $artifacts"; exit 1; }
+  "$root/build/tests/checkpoint/fulgur_checkpoint_fuzz" --write-seeds "$artifacts/checkpoint-corpus"
+  run_libfuzzer checkpoint "$dir/tests/checkpoint/fulgur_checkpoint_libfuzzer" 60
   rm -rf "$artifacts"
   echo "fuzz: every target ran ${seconds} s with 0 crashes"
 }

@@ -111,11 +111,11 @@ void EMAWeightAveraging::update(torch::nn::Module& module) {
   if (options_.use_buffers) {
     weight_averaging::ema_update(average_, current, options_.decay, n_averaged_);
   } else {  // AveragedModel(use_buffers=False): the parameters averaged, the buffers copied
-    const std::size_t n = module.parameters().size();
+    const auto n = static_cast<std::ptrdiff_t>(module.parameters().size());
     weight_averaging::ema_update({average_.begin(), average_.begin() + n}, {current.begin(), current.begin() + n},
                                  options_.decay, n_averaged_);
     at::NoGradGuard no_grad;
-    for (std::size_t i = n; i < average_.size(); ++i) average_[i].copy_(current[i].detach());
+    for (auto i = static_cast<std::size_t>(n); i < average_.size(); ++i) average_[i].copy_(current[i].detach());
   }
   ++n_averaged_;
 }

@@ -297,11 +297,11 @@ Batch TensorDataset::get(std::int64_t index) const {
 Batch TensorDataset::get_batch(std::span<const std::int64_t> indices) const {
   const auto n = static_cast<std::int64_t>(indices.size());
   bool consecutive = true;
-  for (std::int64_t i = 0; i < n; ++i) {
+  for (std::size_t i = 0; i < indices.size(); ++i) {
     if (indices[i] < 0 || indices[i] >= size())
       throw DataError("TensorDataset: index " + std::to_string(indices[i]) + " is outside its " +
                       std::to_string(size()) + " samples.");
-    consecutive = consecutive && indices[i] == indices[0] + i;
+    consecutive = consecutive && indices[i] == indices[0] + static_cast<std::int64_t>(i);
   }
   if (n > 0 && consecutive) return Batch{inputs_.narrow(0, indices[0], n), targets_.narrow(0, indices[0], n)};
   // index_select reads the span's indices during the call: a view of them needs no copy.

@@ -509,7 +509,9 @@ namespace fulgur::loops {
 void FitState::remember_completed_step() {
   // The weights, optimizers and schedulers do not move until the next optimizer step, so the
   // position, the random state and the loader's own state are all a checkpoint of here needs.
-  if (!completed_step_) completed_step_.emplace();
+  // CompletedStep{}: clang reads CompletedStep as not default-constructible (a nested class with default
+  // member initializers, checked inside the enclosing class), so the empty emplace() does not compile there.
+  if (!completed_step_) completed_step_.emplace(CompletedStep{});
   completed_step_->progress = progress_;
   completed_step_->skipped_total = skipped_total_;
   completed_step_->loader = loop_link_.loader_state();

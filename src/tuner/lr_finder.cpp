@@ -80,11 +80,12 @@ std::optional<std::size_t> LRFinderResult::suggestion_index(std::int64_t skip_be
   std::vector<float> kept_losses, kept_lrs;
   std::vector<std::size_t> kept_index;
   for (std::int64_t i = begin; i < end; ++i) {
-    const float loss = static_cast<float>(losses[i]);  // torch.tensor(list of floats): float32
+    const auto at = static_cast<std::size_t>(i);
+    const float loss = static_cast<float>(losses[at]);  // torch.tensor(list of floats): float32
     if (!std::isfinite(loss)) continue;
     kept_losses.push_back(loss);
-    kept_lrs.push_back(static_cast<float>(lrs[i]));
-    kept_index.push_back(static_cast<std::size_t>(i));
+    kept_lrs.push_back(static_cast<float>(lrs[at]));
+    kept_index.push_back(at);
   }
   if (kept_losses.size() < 2) {  // Lightning's text, then why
     std::cerr << lr_finder::not_enough_points << " (fulgur: " << n << " points recorded, " << std::max<std::int64_t>(0, end - begin)

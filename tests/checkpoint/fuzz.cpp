@@ -4,21 +4,19 @@
 //
 //   fulgur_checkpoint_fuzz <seconds> <seed> [extra seed files...]
 //   fulgur_checkpoint_fuzz --replay <file>...
+//   fulgur_checkpoint_fuzz --write-seeds <folder>   (the seed checkpoints and their pickles: a corpus for
+//                                                    the libFuzzer target, which zips an input that is a pickle)
 //
 // Inputs are valid checkpoints mutated at random (bit flips, byte and integer overwrites, truncation,
 // chunks duplicated, removed or inserted), mutated where it matters (zip local headers, central
 // directory and end records; the pickle's opcodes and their integer arguments, re-zipped so that the
 // unpickler sees them), and hostile pickles (deep nesting, containers that hold themselves, forged
 // memo indices and string lengths). Input n of seed s is the same on every run. Batches run in a
-// forked child: a crash is counted, its input written to checkpoint-fuzz-<seed>-<n>.bin (in
-// $FULGUR_FUZZ_ARTIFACTS or the current folder), and the run goes on; the exit code is 1 if any
-// input crashed, hung or threw anything but CheckpointError. An input refused only for its Python
-// objects must load with PythonObjects::as_dicts; whatever loads must save and load again.
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+// forked child (tests/fuzz/fork_batch_driver.hpp): a crash is counted, its input written to
+// checkpoint-fuzz-<seed>-<n>.bin (in $FULGUR_FUZZ_ARTIFACTS or the current folder), and the run goes
+// on; the exit code is 1 if any input crashed, hung or threw anything but CheckpointError. An input
+// refused only for its Python objects must load with PythonObjects::as_dicts; whatever loads must
+// save and load again.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -37,6 +35,7 @@
 #include "fulgur/checkpoint/io.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/state_dict.hpp"
+#include "tests/fuzz/fork_batch_driver.hpp"
 
 namespace {
 
@@ -428,13 +427,18 @@ std::size_t refused_by(const std::string& what) {
   return 2;
 }
 
-struct Shared {  // in memory shared with the forked child that runs a batch
-  std::uint64_t current;  // the input being run
-  std::uint64_t done, loaded, rejected, resaved, python_objects;
-  std::uint64_t refused[std::size(kRefusedBy)];
-  int failed;  // 1: an exception other than CheckpointError, or an allocation failure reaching LibTorch
-  char message[1024];
+struct Counts {
+  std::uint64_t loaded = 0, rejected = 0, resaved = 0, python_objects = 0;
+  std::uint64_t refused[std::size(kRefusedBy)] = {};
+  Counts& operator+=(const Counts& batch) {
+    loaded += batch.loaded, rejected += batch.rejected, resaved += batch.resaved;
+    python_objects += batch.python_objects;
+    for (std::size_t i = 0; i < std::size(kRefusedBy); ++i) refused[i] += batch.refused[i];
+    return *this;
+  }
 };
+// Failed: an exception other than CheckpointError, or an allocation failure reaching LibTorch.
+using Shared = fuzzing::SharedBlock<Counts>;
 
 void touch(const c10::IValue& v, int depth = 0) {
   if (depth > 2000) throw std::runtime_error("fuzz: a loaded value nests deeper than fulgur allows");
@@ -462,11 +466,7 @@ void touch(const c10::IValue& v, int depth = 0) {
 
 /// 0: loaded or refused as it should be; 1: anything else (message in `shared`).
 int run_one(const Bytes& input, Shared& shared) {
-  const auto fail = [&](const std::string& why) {
-    std::snprintf(shared.message, sizeof shared.message, "%s", why.c_str());
-    shared.failed = 1;
-    return 1;
-  };
+  const auto fail = [&](const std::string& why) { return shared.fail(why); };
   try {
     fulgur::StateDict state;
     try {
@@ -546,14 +546,6 @@ struct Corpus {
   return c;
 }
 
-[[maybe_unused]] std::string artifact(std::uint64_t seed, std::uint64_t n, const Bytes& input) {
-  const char* folder = std::getenv("FULGUR_FUZZ_ARTIFACTS");
-  const std::string path = std::string(folder ? folder : ".") + "/checkpoint-fuzz-" + std::to_string(seed) + "-" +
-                           std::to_string(n) + ".bin";
-  std::ofstream(path, std::ios::binary).write(input.data(), static_cast<std::streamsize>(input.size()));
-  return path;
-}
-
 /// LibTorch warns on some inputs ("Trying to load a Subclassed Tensor"): thousands of lines.
 struct QuietWarnings final : c10::WarningHandler {
   void process(const c10::Warning&) override {}
@@ -576,10 +568,16 @@ struct QuietWarnings final : c10::WarningHandler {
 }  // namespace
 
 #if FULGUR_LIBFUZZER
+// An input that starts as a pickle does (PROTO, 0x80) is a data.pkl: it is zipped with the rich seed's
+// tensor records, so that libFuzzer's mutations inside it reach the unpickler rather than fail the zip's
+// CRC-32. Any other input is the file itself (one starting with 0x80 is no zip: refused at once anyway).
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static Shared shared{};
+  static const Seed records = make_seed(fulgur::checkpoint::to_bytes(rich_state()));
   c10::WarningUtils::set_warning_handler(&quiet);
-  if (run_one(Bytes(data, data + size), shared) != 0) {
+  Bytes input(data, data + size);
+  if (size > 0 && data[0] == 0x80) input = rezip(records, std::string(input.begin(), input.end()));
+  if (run_one(input, shared) != 0) {
     std::fprintf(stderr, "%s\n", shared.message);
     std::abort();
   }
@@ -589,66 +587,47 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--replay") return replay(argc, argv);
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s <seconds> <seed> [extra seed files...] | --replay <file>...\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s <seconds> <seed> [extra seed files...] | --replay <file>... | --write-seeds <folder>\n",
+                 argv[0]);
     return 2;
+  }
+  at::set_num_threads(1);  // no thread pool for the forked children to inherit half of
+  c10::WarningUtils::set_warning_handler(&quiet);
+  if (std::string(argv[1]) == "--write-seeds") {
+    const Corpus corpus = make_corpus(0, {});
+    for (std::size_t i = 0; i < corpus.seeds.size(); ++i) {  // the files, and their pickles alone
+      const Seed& s = corpus.seeds[i];
+      std::ofstream(std::string(argv[2]) + "/seed-" + std::to_string(i), std::ios::binary)
+          .write(s.bytes.data(), static_cast<std::streamsize>(s.bytes.size()));
+      std::ofstream(std::string(argv[2]) + "/pickle-" + std::to_string(i), std::ios::binary) << s.pickle;
+    }
+    return 0;
   }
   const double seconds = std::atof(argv[1]);
   const std::uint64_t seed = std::strtoull(argv[2], nullptr, 10);
-  at::set_num_threads(1);  // no thread pool for the forked children to inherit half of
-  c10::WarningUtils::set_warning_handler(&quiet);
   const Corpus corpus = make_corpus(seed, std::vector<std::string>(argv + 3, argv + argc));
-  auto* shared = static_cast<Shared*>(::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
-  const Clock::time_point deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  std::uint64_t next = 0, loaded = 0, rejected = 0, resaved = 0, python_objects = 0, crashes = 0,
-                refused[std::size(kRefusedBy)] = {};
-  while (Clock::now() < deadline) {
-    std::memset(shared, 0, sizeof(Shared));
-    const std::uint64_t first = next;
-    const pid_t child = ::fork();
-    if (child == 0) {  // a batch: about a second of inputs, or until one fails
-      const Clock::time_point batch_end = std::min<Clock::time_point>(deadline, Clock::now() + std::chrono::seconds(1));
-      for (std::uint64_t n = first; Clock::now() < batch_end; ++n) {
-        shared->current = n;
-        if (run_one(corpus.input(n), *shared) != 0) ::_exit(3);
-        ++shared->done;
-      }
-      ::_exit(0);
-    }
-    int status = 0;
-    const auto batch_deadline = Clock::now() + std::chrono::seconds(60);
-    while (::waitpid(child, &status, WNOHANG) == 0) {
-      if (Clock::now() > batch_deadline) {  // a hang
-        ::kill(child, SIGKILL);
-        ::waitpid(child, &status, 0);
-        break;
-      }
-      ::usleep(2000);
-    }
-    loaded += shared->loaded, rejected += shared->rejected, resaved += shared->resaved, python_objects += shared->python_objects;
-    for (std::size_t i = 0; i < std::size(kRefusedBy); ++i) refused[i] += shared->refused[i];
-    next = first + shared->done;
-    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      const std::uint64_t n = shared->current;
-      const std::string why = WIFSIGNALED(status) ? (WTERMSIG(status) == SIGKILL ? "hung (killed after 60 s)" : std::string("crashed: ") + strsignal(WTERMSIG(status)))
-                                                  : std::string(shared->message);
-      std::printf("input %llu (seed %llu): %s\n  input written to %s\n", static_cast<unsigned long long>(n),
-                  static_cast<unsigned long long>(seed), why.c_str(), artifact(seed, n, corpus.input(n)).c_str());
-      ++crashes;
-      next = n + 1;
-    }
-  }
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  std::printf("fuzz: %llu inputs, %llu loaded, %llu rejected, %llu crashes\n", static_cast<unsigned long long>(next),
-              static_cast<unsigned long long>(loaded), static_cast<unsigned long long>(rejected),
-              static_cast<unsigned long long>(crashes));
-  std::printf("(%.1f s, seed %llu, %zu seed checkpoints; %llu loaded inputs saved and loaded again; %llu loaded only with "
-              "Python objects as dictionaries)\n", elapsed, static_cast<unsigned long long>(seed), corpus.seeds.size(),
-              static_cast<unsigned long long>(resaved), static_cast<unsigned long long>(python_objects));
+  Counts totals;
+  const fuzzing::Summary summary = fuzzing::run_fork_batches(
+      seconds, std::chrono::seconds(60), totals,
+      [&](std::uint64_t n, Shared& shared) { return run_one(corpus.input(n), shared); },
+      [&](std::uint64_t n, const std::string& why) {
+        const Bytes input = corpus.input(n);
+        std::printf("input %llu (seed %llu): %s\n  input written to %s\n", static_cast<unsigned long long>(n),
+                    static_cast<unsigned long long>(seed), why.c_str(),
+                    fuzzing::write_artifact("checkpoint", seed, n, input.data(), input.size()).c_str());
+      });
+  std::printf("fuzz: %llu inputs, %llu loaded, %llu rejected, %llu crashes\n",
+              static_cast<unsigned long long>(summary.inputs), static_cast<unsigned long long>(totals.loaded),
+              static_cast<unsigned long long>(totals.rejected), static_cast<unsigned long long>(summary.failures));
+  std::printf("(%.1f s, seed %llu, %zu seed checkpoints; %llu loaded inputs saved and loaded again; %llu loaded "
+              "only with Python objects as dictionaries)\n", summary.seconds, static_cast<unsigned long long>(seed),
+              corpus.seeds.size(), static_cast<unsigned long long>(totals.resaved),
+              static_cast<unsigned long long>(totals.python_objects));
   std::printf("(refused by:");
   for (std::size_t i = 0; i < std::size(kRefusedBy); ++i)
-    std::printf(" %s %llu%s", kRefusedBy[i], static_cast<unsigned long long>(refused[i]), i + 1 < std::size(kRefusedBy) ? "," : ")\n");
-  return crashes == 0 ? 0 : 1;
+    std::printf(" %s %llu%s", kRefusedBy[i], static_cast<unsigned long long>(totals.refused[i]),
+                i + 1 < std::size(kRefusedBy) ? "," : ")\n");
+  return summary.failures == 0 ? 0 : 1;
 }
 #endif

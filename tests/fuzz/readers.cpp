@@ -20,13 +20,11 @@
 // into TrainerConfig and the callbacks it names; otherwise it must be a ConfigError (or another
 // MisconfigurationError from a callback's own checks).
 //
-// Input n of seed s is the same on every run. Batches run in a forked child; a crash or hang is counted,
-// its input written to <target>-fuzz-<seed>-<n>.bin (in $FULGUR_FUZZ_ARTIFACTS or the current folder),
-// and the run goes on; the exit code is 1 if any input failed. Built with FULGUR_LIBFUZZER=<1|2|3> it is
-// instead the libFuzzer target for npy, tokens or cli.
-#include <signal.h>
+// Input n of seed s is the same on every run. Batches run in a forked child (fork_batch_driver.hpp); a
+// crash or hang is counted, its input written to <target>-fuzz-<seed>-<n>.bin (in $FULGUR_FUZZ_ARTIFACTS
+// or the current folder), and the run goes on; the exit code is 1 if any input failed. Built with
+// FULGUR_LIBFUZZER=<1|2|3> it is instead the libFuzzer target for npy, tokens or cli.
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
@@ -47,6 +45,7 @@
 #include "fulgur/data/token_dataset.hpp"
 #include "fulgur/errors.hpp"
 #include "tests/cli/tiny.hpp"
+#include "tests/fuzz/fork_batch_driver.hpp"
 
 namespace {
 
@@ -296,11 +295,14 @@ Bytes cli_input(const std::vector<Bytes>& seeds, Rng& rng) {
 
 // ---- running one input ----------------------------------------------------------------------------
 
-struct Shared {  // in memory shared with the forked child that runs a batch
-  std::uint64_t current, done, accepted, refused;
-  int failed;
-  char message[1024];
+struct Counts {
+  std::uint64_t accepted = 0, refused = 0;
+  Counts& operator+=(const Counts& batch) {
+    accepted += batch.accepted, refused += batch.refused;
+    return *this;
+  }
 };
+using Shared = fuzzing::SharedBlock<Counts>;
 
 [[noreturn]] void bug(const std::string& why) { throw std::logic_error(why); }
 
@@ -386,11 +388,7 @@ enum class Target { npy, tokens, cli };
 
 /// 0: read or refused as it should be; 1: anything else (message in `shared`).
 int run_one(Target target, const Bytes& input, Shared& shared) {
-  const auto fail = [&](const std::string& why) {
-    std::snprintf(shared.message, sizeof shared.message, "%s", why.c_str());
-    shared.failed = 1;
-    return 1;
-  };
+  const auto fail = [&](const std::string& why) { return shared.fail(why); };
   try {
     switch (target) {
       case Target::npy: run_npy(input); break;
@@ -491,58 +489,21 @@ int main(int argc, char** argv) {
   const std::uint64_t seed = std::strtoull(argv[3], nullptr, 10);
   const Corpus corpus{target, seeds_of(target), seed};
   if (target == Target::cli) (void)cli_schema();  // built once, before the children fork
-  auto* shared = static_cast<Shared*>(
-      ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
-  const Clock::time_point deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  std::uint64_t next = 0, accepted = 0, refused = 0, failures = 0;
-  while (Clock::now() < deadline) {
-    std::memset(shared, 0, sizeof(Shared));
-    const std::uint64_t first = next;
-    const pid_t child = ::fork();
-    if (child == 0) {  // a batch: about a second of inputs, or until one fails
-      const Clock::time_point batch_end = std::min<Clock::time_point>(deadline, Clock::now() + std::chrono::seconds(1));
-      for (std::uint64_t n = first; Clock::now() < batch_end; ++n) {
-        shared->current = n;
-        if (run_one(target, corpus.input(n), *shared) != 0) ::_exit(3);
-        ++shared->done;
-      }
-      ::_exit(0);
-    }
-    int status = 0;
-    const auto batch_deadline = Clock::now() + std::chrono::seconds(20);
-    while (::waitpid(child, &status, WNOHANG) == 0) {
-      if (Clock::now() > batch_deadline) {  // a hang
-        ::kill(child, SIGKILL);
-        ::waitpid(child, &status, 0);
-        break;
-      }
-      ::usleep(2000);
-    }
-    accepted += shared->accepted, refused += shared->refused;
-    next = first + shared->done;
-    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      const std::uint64_t n = shared->current;
-      const std::string why = !WIFSIGNALED(status)        ? std::string(shared->message)
-                              : WTERMSIG(status) == SIGKILL ? std::string("hung (killed after 20 s)")
-                                                            : std::string("crashed: ") + strsignal(WTERMSIG(status));
-      const char* folder = std::getenv("FULGUR_FUZZ_ARTIFACTS");
-      const std::string path = std::string(folder ? folder : ".") + "/" + name_of(target) + "-fuzz-" +
-                               std::to_string(seed) + "-" + std::to_string(n) + ".bin";
-      std::ofstream(path, std::ios::binary) << corpus.input(n);
-      std::printf("input %llu (seed %llu): %s\n  input written to %s\n", static_cast<unsigned long long>(n),
-                  static_cast<unsigned long long>(seed), why.c_str(), path.c_str());
-      ++failures;
-      next = n + 1;
-    }
-  }
+  Counts totals;
+  const fuzzing::Summary summary = fuzzing::run_fork_batches(
+      seconds, std::chrono::seconds(20), totals,
+      [&](std::uint64_t n, Shared& shared) { return run_one(target, corpus.input(n), shared); },
+      [&](std::uint64_t n, const std::string& why) {
+        const Bytes input = corpus.input(n);
+        std::printf("input %llu (seed %llu): %s\n  input written to %s\n", static_cast<unsigned long long>(n),
+                    static_cast<unsigned long long>(seed), why.c_str(),
+                    fuzzing::write_artifact(name_of(target), seed, n, input.data(), input.size()).c_str());
+      });
   std::printf("fuzz %s: %llu inputs, %llu read, %llu refused, %llu crashes (%.1f s, seed %llu, %zu seeds)\n",
-              name_of(target), static_cast<unsigned long long>(next), static_cast<unsigned long long>(accepted),
-              static_cast<unsigned long long>(refused), static_cast<unsigned long long>(failures),
-              std::chrono::duration<double>(Clock::now() - start).count(), static_cast<unsigned long long>(seed),
-              corpus.seeds.size());
-  return failures == 0 ? 0 : 1;
+              name_of(target), static_cast<unsigned long long>(summary.inputs),
+              static_cast<unsigned long long>(totals.accepted), static_cast<unsigned long long>(totals.refused),
+              static_cast<unsigned long long>(summary.failures), summary.seconds,
+              static_cast<unsigned long long>(seed), corpus.seeds.size());
+  return summary.failures == 0 ? 0 : 1;
 }
 #endif

@@ -281,7 +281,8 @@ TEST_CASE("lr_find agrees with Lightning's code: schedule, smoothing and early s
     const LRFindOptions& o = Searches::schedules[i];
     const Reference& ref = s.lightning.at("schedule" + std::to_string(i));
     REQUIRE(ref.schedule.size() == static_cast<std::size_t>(o.num_training));
-    for (std::int64_t k = 0; k < o.num_training; ++k) CHECK(lr_finder::scheduled_lr(o, k) == ref.schedule[k]);
+    for (std::int64_t k = 0; k < o.num_training; ++k)
+      CHECK(lr_finder::scheduled_lr(o, k) == ref.schedule[static_cast<std::size_t>(k)]);
   }
   // Through a search over epochs: the recorded lrs, and what both SGD groups (one with its own lr) used.
   const Reference& ref = s.lightning.at("over_epochs");

@@ -77,7 +77,7 @@ TEST_CASE("SyncBatchNorm without a group of several ranks is BatchNorm2d to the 
       ThreadRanks one(1);
       if (world_of_one) sync->set_sync_group(std::make_shared<ThreadRank>(one, 0));
       for (int step = 0; step < 3; ++step) {  // momentum none: 1/1, 1/2, 1/3
-        torch::manual_seed(step);
+        torch::manual_seed(static_cast<std::uint64_t>(step));
         auto x = torch::randn({4, 3, 5, 2}) * 3 + 1;
         auto dy = torch::randn({4, 3, 5, 2});
         auto xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);

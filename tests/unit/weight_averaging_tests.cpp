@@ -252,7 +252,7 @@ TEST_CASE("optim::SWALR gives torch's SWALR learning rates bit for bit", "[weigh
                                                      strategy == "cos" ? 9 : -1);
         for (int g = 0; g < 2; ++g) {
           INFO("epoch " << e << " group " << g);
-          CHECK(sgd.param_groups()[g].options().get_lr() == expected.at({name, e, g}));
+          CHECK(sgd.param_groups()[static_cast<std::size_t>(g)].options().get_lr() == expected.at({name, e, g}));
         }
         if (scheduler) scheduler->step();
       }
