@@ -193,7 +193,8 @@ struct Validated {
 /// As train, with validation that logs val_loss every 4 batches and at each epoch's end, no sanity
 /// check, an EarlyStopping on val_loss (stops at global_step 16: no later val_loss improves by 1), a
 /// ReduceLROnPlateau (epoch interval) on it, and the fault after an optimizer step.
-Validated train_validated(Fault fault, const std::string& dir, const std::string& resume_from = "") {
+Validated train_validated(Fault fault, const std::string& dir, const std::string& resume_from = "",
+                          std::int64_t accumulate = 1, std::int64_t max_steps = -1) {
   torch::manual_seed(resume_from.empty() ? 7 : 99);
   FaultNet net(&fault);
   net->plateau = true;
@@ -201,7 +202,8 @@ Validated train_validated(Fault fault, const std::string& dir, const std::string
   auto [vx, vy] = test::classification_data(16, 4);
   data::TensorLoader train_data(x, y, {.batch_size = 8, .shuffle = true, .seed = 11});
   data::TensorLoader val_data(vx, vy, {.batch_size = 8});
-  TrainerConfig config{.max_epochs = 3, .val_check_interval = 4, .num_sanity_val_steps = 0, .log_every_n_steps = 1,
+  TrainerConfig config{.max_epochs = 3, .max_steps = max_steps, .accumulate_grad_batches = accumulate,
+                       .val_check_interval = 4, .num_sanity_val_steps = 0, .log_every_n_steps = 1,
                        .default_root_dir = dir, .enable_progress_bar = false};
   Trainer<CPU, Single, FloatPrecision, EarlyStopping, Injector, OnExceptionCheckpoint> trainer(
       config, EarlyStopping({.monitor = "val_loss", .min_delta = 1.0, .patience = 3}), Injector{&fault},
@@ -484,24 +486,31 @@ TEST_CASE("A logger on a full disk (ENOSPC): one warning, the run and the checkp
 TEST_CASE("OnExceptionCheckpoint: a failure after a step, before its batch or epoch ended, resumes exactly",
           "[on_exception][checkpoint]") {
   // batch / epoch counted from 1 over the run; 8 batches an epoch, validation after batches 4 and 8.
-  const auto [where, kind, at, step, pending] = GENERATE(table<const char*, Fault::Where, std::int64_t, std::int64_t,
-                                                               const char*>({
-      {"validation_step at a mid-epoch val_check_interval point", Fault::validation_step, 12, 12, "its validation"},
+  // accumulate: accumulate_grad_batches; max_steps: the failed run's (the straight and resumed runs have none).
+  const auto [where, kind, at, step, pending, accumulate, max_steps] =
+      GENERATE(table<const char*, Fault::Where, std::int64_t, std::int64_t, const char*, std::int64_t, std::int64_t>({
+      {"validation_step at a mid-epoch val_check_interval point", Fault::validation_step, 12, 12, "its validation", 1,
+       -1},
       {"validation_step at the epoch's end (the validation EarlyStopping stops at)", Fault::validation_step, 16, 16,
-       "its validation and the epoch's end"},
-      {"a callback's on_validation_end, mid-epoch", Fault::validation_end, 12, 12, "its validation"},
+       "its validation and the epoch's end", 1, -1},
+      {"a callback's on_validation_end, mid-epoch", Fault::validation_end, 12, 12, "its validation", 1, -1},
       {"a callback's on_train_epoch_end (ReduceLROnPlateau steps after it)", Fault::epoch_end, 1, 8,
-       "its end runs first"},
-      {"a NaN loss (read after the step)", Fault::nan_loss, 6, 6, "after the optimizer step of batch 5)"},
+       "its end runs first", 1, -1},
+      {"a NaN loss (read after the step)", Fault::nan_loss, 6, 6, "after the optimizer step of batch 5)", 1, -1},
+      {"validation_step mid-epoch, accumulate_grad_batches = 2", Fault::validation_step, 12, 6, "its validation", 2,
+       -1},
+      {"validation_step where max_steps stops the failed run mid-epoch (resumed without the limit, it goes on)",
+       Fault::validation_step, 12, 12, "its validation", 1, 12},
   }));
   INFO(where);
   const std::string dir = test::scratch_folder("on_exception_pending");
   const std::string path = dir + "/on_exception.ckpt";
-  const Validated straight = train_validated({}, test::scratch_folder("on_exception_pending_straight"));
+  const Validated straight =
+      train_validated({}, test::scratch_folder("on_exception_pending_straight"), "", accumulate);
   REQUIRE(straight.outcome.error.empty());
-  REQUIRE(straight.outcome.global_step == 16);  // EarlyStopping stopped the run at the end of epoch 1
+  REQUIRE(straight.outcome.global_step == 16 / accumulate);  // EarlyStopping stopped the run at the end of epoch 1
 
-  const Validated failed = train_validated({.where = kind, .at = at}, dir);
+  const Validated failed = train_validated({.where = kind, .at = at}, dir, "", accumulate, max_steps);
   CHECK_THAT(failed.outcome.error, Catch::Contains(kind == Fault::nan_loss ? "the loss is NaN" : "injected"));
   INFO(failed.outcome.stderr_text);
   REQUIRE(exists(path));
@@ -514,7 +523,7 @@ TEST_CASE("OnExceptionCheckpoint: a failure after a step, before its batch or ep
 
   const std::string copy = test::scratch_folder("on_exception_pending_resume") + "/from.ckpt";
   REQUIRE(std::rename(path.c_str(), copy.c_str()) == 0);
-  const Validated resumed = train_validated({}, dir, copy);
+  const Validated resumed = train_validated({}, dir, copy, accumulate);
   REQUIRE(resumed.outcome.error.empty());
   CHECK(resumed.outcome.global_step == straight.outcome.global_step);
   REQUIRE(resumed.outcome.weights.size() == straight.outcome.weights.size());
@@ -526,7 +535,7 @@ TEST_CASE("OnExceptionCheckpoint: a failure after a step, before its batch or ep
     if (entry.first > step || (entry.first == step && kind != Fault::epoch_end)) expected.push_back(entry);
   CHECK(resumed.validated == expected);
   // The epoch the checkpoint was in, and those after it, end with the straight run's val_loss.
-  const std::size_t first_epoch = static_cast<std::size_t>((step - 1) / 8);
+  const std::size_t first_epoch = static_cast<std::size_t>((step - 1) / (8 / accumulate));
   REQUIRE(resumed.epoch_val_loss.size() == straight.epoch_val_loss.size() - first_epoch);
   for (std::size_t e = 0; e < resumed.epoch_val_loss.size(); ++e)
     CHECK(resumed.epoch_val_loss[e] == straight.epoch_val_loss[first_epoch + e]);
