@@ -74,6 +74,7 @@ struct FaultNetImpl : torch::nn::Module {
     ctx.log("train_loss", loss);
     for (int i = 0; i < wide; ++i) ctx.log("m" + std::to_string(i), loss.detach() + i);  // more bytes a step
     if (late_from >= 0 && ctx.global_step >= late_from) ctx.log("late", loss.detach());  // a new CSV column
+    if (plateau) ctx.log("epoch_loss", loss.detach(), {.on_step = false, .on_epoch = true});
     if (fault->fires(Fault::training_step, fault->batches)) throw std::runtime_error("injected: training_step failed");
     // A loss that reads NaN while its gradients stay those of the true loss: without the fault, the
     // run is the straight one.
@@ -87,6 +88,10 @@ struct FaultNetImpl : torch::nn::Module {
     ctx.log("val_loss", loss);
     validated.emplace_back(ctx.global_step, loss.item<double>());
     return loss;
+  }
+  // Epoch-level logs, in the training steps and at the epoch's end: a resumed epoch end must count them once.
+  void on_train_epoch_end(StepContext& ctx) {
+    if (plateau) ctx.log("epoch_ends", at::ones({}), {.on_step = false, .on_epoch = true, .reduce = ReduceOp::sum});
   }
   OptimizerConfig configure_optimizers() {
     std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -188,6 +193,7 @@ struct Validated {
   Outcome outcome;
   std::vector<std::pair<std::int64_t, double>> validated;
   std::vector<double> epoch_val_loss;  // FitResult's, per epoch
+  std::vector<Metrics> epoch_metrics;  // FitResult's callback metrics at each epoch's end
 };
 
 /// As train, with validation that logs val_loss every 4 batches and at each epoch's end, no sanity
@@ -213,7 +219,10 @@ Validated train_validated(Fault fault, const std::string& dir, const std::string
   try {
     const FitResult result = trainer.fit(net, train_data, val_data, FitOptions{.ckpt_path = resume_from});
     out.outcome.global_step = result.global_step;
-    for (const auto& epoch : result.epochs) out.epoch_val_loss.push_back(epoch.val_loss.value_or(-1.0));
+    for (const auto& epoch : result.epochs) {
+      out.epoch_val_loss.push_back(epoch.val_loss.value_or(-1.0));
+      out.epoch_metrics.push_back(epoch.metrics);
+    }
   } catch (const std::exception& e) {
     out.outcome.error = e.what();
   }
@@ -537,6 +546,9 @@ TEST_CASE("OnExceptionCheckpoint: a failure after a step, before its batch or ep
   // The epoch the checkpoint was in, and those after it, end with the straight run's val_loss.
   const std::size_t first_epoch = static_cast<std::size_t>((step - 1) / (8 / accumulate));
   REQUIRE(resumed.epoch_val_loss.size() == straight.epoch_val_loss.size() - first_epoch);
-  for (std::size_t e = 0; e < resumed.epoch_val_loss.size(); ++e)
+  for (std::size_t e = 0; e < resumed.epoch_val_loss.size(); ++e) {
     CHECK(resumed.epoch_val_loss[e] == straight.epoch_val_loss[first_epoch + e]);
+    CHECK(resumed.epoch_metrics[e] == straight.epoch_metrics[first_epoch + e]);  // epoch_loss, epoch_ends (1)
+    CHECK(resumed.epoch_metrics[e].at("epoch_ends") == 1.0);
+  }
 }
