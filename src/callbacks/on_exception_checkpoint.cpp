@@ -50,8 +50,15 @@ void OnExceptionCheckpoint::on_exception(TrainerView& trainer, const std::except
   const std::string step = trainer.completed_step_text();
   const std::string why = trainer.save_completed_step(path, peers_reachable);
   if (why.empty()) {
+    // A non-finite loss: the state as it was then (Lightning's too), to debug; resumed as it is, the
+    // same loss comes again.
+    const bool non_finite = dynamic_cast<const NonFiniteLossError*>(&e) != nullptr;
     trainer.warn("fulgur: OnExceptionCheckpoint wrote '" + path + "', the last completed optimizer step: " + step +
-                 ". Resume with FitOptions{.ckpt_path = \"" + path + "\"} once the cause is fixed.");
+                 ". Resume with FitOptions{.ckpt_path = \"" + path + "\"} once the cause is fixed." +
+                 (non_finite ? " Its weights are those the step with the non-finite loss left (to debug it: they may "
+                               "hold NaN or inf); the last checkpoint ModelCheckpoint wrote (its last_model_path or "
+                               "best_model_path) holds weights from before it."
+                             : ""));
     return;
   }
   const std::string text = "fulgur: OnExceptionCheckpoint wrote no checkpoint: " + why + ".";

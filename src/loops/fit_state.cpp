@@ -156,6 +156,7 @@ void FitState::agree_on_stop() {
 void FitState::close_epoch(EpochSummary& summary, bool completed, Schedulers& schedulers) {
   if (completed && progress_.stepped_in_epoch > 0)
     schedulers.after_epoch(summary.epoch, views_.callback, /*plateau=*/true);
+  if (completed_step_ && completed_step_->pending) completed_step_->passed = true;  // the schedulers stepped
   for (auto& w : schedulers.take_warnings()) warn(std::move(w));
   train_metrics_.reset();
   summary.global_step = progress_.global_step;
@@ -245,7 +246,23 @@ void FitState::end_interrupted(const Interrupted& e) {  // Ctrl-C: the step fini
 // ---- checkpoints --------------------------------------------------------------------------------
 
 StateDict FitState::checkpoint_state(bool weights_only, const CompletedStep* at) {
-  const StateDict loop = at != nullptr ? loop_state(at->progress, at->skipped_total, at->loader) : current_loop_state();
+  StateDict loop = at != nullptr ? loop_state(at->progress, at->skipped_total, at->loader) : current_loop_state();
+  if (at != nullptr && at->pending) {
+    if (at->metrics) {
+      loop.erase("metrics");
+      loop.insert("metrics", *at->metrics);
+    }
+    StateDict pending;
+    pending.insert("kind", static_cast<std::int64_t>(at->pending->kind));
+    pending.insert("step_ran", at->pending->step_ran);
+    pending.insert("validate", at->pending->validate);
+    pending.insert("last", at->pending->last);
+    pending.insert("stop", at->pending->stop);
+    pending.insert("should_stop", at->pending->should_stop);
+    if (at->pending->train_loss) pending.insert("train_loss", *at->pending->train_loss);
+    if (at->pending->val_loss) pending.insert("val_loss", *at->pending->val_loss);
+    loop.insert("pending", pending.to_ivalue());
+  }
   StateDict c;
   c.insert("epoch", loop.at("epoch"));
   c.insert("global_step", at != nullptr ? at->progress.global_step : progress_.global_step);
@@ -255,7 +272,8 @@ StateDict FitState::checkpoint_state(bool weights_only, const CompletedStep* at)
   loops.insert("fit_loop", loop.to_ivalue());
   c.insert("loops", loops.to_ivalue());
   if (!weights_only) {
-    c.insert("callbacks", host_link_.callback_states().to_ivalue());
+    c.insert("callbacks", at != nullptr && at->callbacks ? at->callbacks->to_ivalue()
+                                                         : host_link_.callback_states().to_ivalue());
     c10::impl::GenericList optimizer_states(c10::AnyType::get()), schedulers(c10::AnyType::get());
     for (const auto& config : optimizers_) {
       optimizer_states.push_back(host_link_.optimizer_state(*config.optimizer).to_ivalue());
@@ -472,6 +490,24 @@ StateDict FitState::restore_progress(const StateDict& c) {
   else if (config_.max_epochs && *config_.max_epochs >= 0 && progress_.epochs_done >= *config_.max_epochs && resume_batch_ == 0)
     warn("fulgur: " + what + " is at the end of epoch " + std::to_string(progress_.epochs_done) + ", already at or "
          "past max_epochs = " + std::to_string(*config_.max_epochs) + ": nothing will train. Raise max_epochs to train on.");
+  resume_pending_.reset();
+  // OnExceptionCheckpoint's checkpoint of a batch's training half, or of an epoch's batches
+  if (loop.contains("pending")) {
+    const StateDict pending = checkpoint::require_dict(loop, "pending", what + "'s fit_loop");
+    const std::int64_t kind = checkpoint::require_int(pending, "kind", what + "'s fit_loop pending");
+    if ((kind != 1 && kind != 2) || resume_batch_ < 1)
+      throw CheckpointError("fulgur: " + what + "'s fit_loop 'pending' entry is not one fulgur writes (kind " +
+                            std::to_string(kind) + " at batch_idx " + std::to_string(resume_batch_) +
+                            "); resume from a checkpoint this version of fulgur wrote.");
+    auto flag = [&](const char* key) { return pending.contains(key) && pending.at(key).toBool(); };
+    auto loss = [&](const char* key) {
+      return pending.contains(key) ? std::optional<double>(pending.at(key).toDouble()) : std::nullopt;
+    };
+    resume_pending_ = PendingBatchEnd{.kind = static_cast<PendingBatchEnd::Kind>(kind), .step_ran = flag("step_ran"),
+                                      .validate = flag("validate"), .last = flag("last"), .stop = flag("stop"),
+                                      .should_stop = flag("should_stop"),
+                                      .train_loss = loss("train_loss"), .val_loss = loss("val_loss")};
+  }
   resume_metrics_ = checkpoint::require(loop, "metrics", what).toList();
   resume_views_ = checkpoint::require(loop, "views", what).toGenericDict();
   const auto ranks = checkpoint::require_dict(checkpoint::require_dict(c, "fulgur", what), "ranks", what).at("per_rank").toList();
@@ -516,14 +552,53 @@ void FitState::remember_completed_step() {
   completed_step_->skipped_total = skipped_total_;
   completed_step_->loader = loop_link_.loader_state();
   completed_step_->random = checkpoint::random_state();
+  completed_step_->pending.reset();
+  completed_step_->metrics.reset();
+  completed_step_->callbacks.reset();
+  completed_step_->passed = false;
+}
+
+void FitState::remember_trained_batch(std::int64_t batch_idx, const PendingBatchEnd& pending) {
+  remember_completed_step();
+  completed_step_->progress.batches_in_epoch = batch_idx + 1;  // resumed, the loader goes on after it
+  completed_step_->pending = pending;
+  if (pending.validate) remember_hook_state();  // validation's hooks may change them before it fails
+}
+
+void FitState::remember_trained_epoch(const EpochSummary& summary) {
+  remember_completed_step();
+  completed_step_->pending = PendingBatchEnd{.kind = PendingBatchEnd::Kind::epoch_end,
+                                             .should_stop = world_size_ == 1 ? ctx_.should_stop : progress_.stop_agreed,
+                                             .train_loss = summary.train_loss,
+                                             .val_loss = summary.val_loss};
+  remember_hook_state();  // on_train_epoch_end may log, and callbacks change their states, before it fails
+}
+
+void FitState::remember_hook_state() {
+  // Copies (deepcopy: the live tensors accumulate in place); taken at validations and epoch ends only.
+  completed_step_->metrics = c10::IValue(train_metrics_.state()).deepcopy().toList();
+  completed_step_->callbacks = StateDict(host_link_.callback_states().to_ivalue().deepcopy().toGenericDict());
 }
 
 std::string FitState::completed_step_text() const {
   if (!completed_step_) return {};
-  if (!progress_.in_epoch && frozen_loop_.has_value() && completed_step_->progress.global_step != progress_.global_step)
+  if (!progress_.in_epoch && frozen_loop_.has_value() &&
+      (completed_step_->progress.global_step != progress_.global_step || completed_step_->pending))
     return "global_step " + std::to_string(progress_.global_step) + " (epoch " +
            std::to_string(progress_.epochs_done - 1) + ", where the run stopped)";
   const FitProgress& p = completed_step_->progress;
+  if (completed_step_->pending) {
+    const PendingBatchEnd& pending = *completed_step_->pending;
+    const std::string epoch = std::to_string(p.epochs_done);
+    if (pending.kind == PendingBatchEnd::Kind::epoch_end)
+      return "global_step " + std::to_string(p.global_step) + " (epoch " + epoch + ", its batches done; resumed, its "
+             "end runs first: on_train_epoch_end, its loggers and schedulers)";
+    std::string then = pending.validate ? "its validation" : "";
+    if (pending.last) then += std::string(then.empty() ? "" : " and ") + "the epoch's end";
+    return "global_step " + std::to_string(p.global_step) + " (epoch " + epoch + ", after the optimizer step of "
+           "batch " + std::to_string(p.batches_in_epoch - 1) +
+           (then.empty() ? ")" : "; resumed, " + then + " run first)");
+  }
   const bool mid_epoch = p.in_epoch && p.batches_in_epoch > 0;
   return "global_step " + std::to_string(p.global_step) + " (epoch " + std::to_string(p.epochs_done) +
          (mid_epoch ? ", after batch " + std::to_string(p.batches_in_epoch - 1) + ")" : ", before its first batch)");
@@ -541,9 +616,21 @@ std::string FitState::save_completed_step(const std::string& path, bool peers_re
     why = "the exception came before the first training batch: nothing was trained yet";
   else if (completed_step_->progress.global_step != progress_.global_step && !stopped_mid_epoch)
     why = "the exception came after the optimizer step of global step " + std::to_string(progress_.global_step - 1) +
-          ", before its batch or epoch ended (on_train_batch_end, validation, the epoch's end or the run's end): the "
-          "weights have moved past every position a checkpoint can resume from; the last checkpoint ModelCheckpoint "
-          "wrote still resumes exactly";
+          ", before that batch's training half ended (the step-interval schedulers, on_train_batch_end, the step's "
+          "logging): hooks partly ran, so no state a resumed fit goes on from exactly exists; the last checkpoint "
+          "ModelCheckpoint wrote still resumes exactly";
+  else if (completed_step_->pending && !stopped_mid_epoch &&
+           (completed_step_->passed ||
+            (completed_step_->pending->kind == PendingBatchEnd::Kind::batch_end &&
+             completed_step_->progress.batches_that_stepped != progress_.batches_that_stepped)))
+    why = "the exception came after the " +
+          std::string(completed_step_->pending->kind == PendingBatchEnd::Kind::epoch_end
+                          ? "end of epoch " + std::to_string(completed_step_->progress.epochs_done) +
+                                " had stepped its schedulers"
+                          : "end of batch " + std::to_string(completed_step_->progress.batches_in_epoch - 1) +
+                                " had stepped its schedulers") +
+          " (writing the checkpoints asked for there): the state moved past the position a checkpoint can resume "
+          "from; the checkpoints already written resume exactly";
   if (world_size_ > 1) {
     if (!peers_reachable)
       return "the failure was a collective's (a rank failed alone or is gone), so the ranks cannot agree on a step "
@@ -566,7 +653,9 @@ std::string FitState::save_completed_step(const std::string& path, bool peers_re
   }
   if (!why.empty()) return why;
   try {
-    const bool current = stopped_mid_epoch && completed_step_->progress.global_step != progress_.global_step;
+    // Where the run stopped: a pending end of its last batch has run (frozen after it).
+    const bool current = stopped_mid_epoch && (completed_step_->progress.global_step != progress_.global_step ||
+                                               completed_step_->pending);
     host_link_.save(path, checkpoint_state(/*weights_only=*/false, current ? nullptr : &*completed_step_));
   } catch (const std::exception& e) {
     return "writing it failed: " + detail::first_line(without_prefix(e.what()));

@@ -707,6 +707,8 @@ void stop_on_one_rank() {
 
 // OnExceptionCheckpoint under DDP. The same batch fails on every rank: the ranks agree, rank 0
 // writes the last completed step, and a run resumed from it ends bit-identical to a straight run.
+// The same again with validation_step failing on every rank at epoch 1's end, after its last step:
+// the checkpoint holds that step with its validation pending, which the resumed run runs first.
 // Then one rank alone fails: the other waits in the gradients' all-reduce until the timeout
 // (FULGUR_TEST_TIMEOUT_MS, short); each rank says why no checkpoint was written, and none hangs.
 struct FailsOnceImpl : NetImpl {
@@ -715,8 +717,14 @@ struct FailsOnceImpl : NetImpl {
       throw std::runtime_error("injected on rank " + std::to_string(my_rank));
     return torch::nn::functional::cross_entropy(fc2(drop(torch::tanh(fc1(b.input)))), b.target);
   }
+  at::Tensor validation_step(const data::Batch& b, std::int64_t batch_idx, StepContext& ctx) {
+    if (fail_validation && ctx.current_epoch == 1 && batch_idx == 0)
+      throw std::runtime_error("injected in validation on rank " + std::to_string(my_rank));
+    return NetImpl::validation_step(b, batch_idx);
+  }
   torch::nn::Dropout drop{register_module("drop", torch::nn::Dropout(0.2))};
   int fail_rank = -2;  // -2: none; -1: every rank; else that rank
+  bool fail_validation = false;
 };
 TORCH_MODULE(FailsOnce);
 
@@ -732,17 +740,20 @@ void on_exception() {
   const std::string path = root + "/on_exception.ckpt";
   if (const char* rank = std::getenv("RANK"); rank != nullptr && std::string(rank) == "0") fulgur::detail::remove_tree(root);
   auto [x, y] = dataset(256);  // 8 batches of 16 per rank
-  auto fit = [&](int fail_rank, const std::string& resume_from, std::string* error) {
+  auto [vx, vy] = dataset(64);
+  auto fit = [&](int fail_rank, const std::string& resume_from, std::string* error, bool fail_validation = false) {
     torch::manual_seed(resume_from.empty() ? 5 : 77);
     FailsOnce model;
     model->fail_rank = fail_rank;
+    model->fail_validation = fail_validation;
     Trainer<CPUAccelerator, Gloo, FloatPrecision, OnExceptionCheckpoint> trainer(
         config({.max_epochs = 3, .accumulate_grad_batches = 2, .default_root_dir = root}), options(),
         OnExceptionCheckpoint({.dirpath = root}));
     my_rank = trainer.global_rank();
     data::TensorLoader loader(x, y, {.batch_size = 16, .shuffle = true, .seed = 3});
+    data::TensorLoader val(vx, vy, {.batch_size = 16});
     try {
-      trainer.fit(model, loader, FitOptions{.ckpt_path = resume_from});
+      trainer.fit(model, loader, val, FitOptions{.ckpt_path = resume_from});
     } catch (const std::exception& e) {
       *error = e.what();
     }
@@ -762,6 +773,17 @@ void on_exception() {
   check(error.empty(), "the resumed run trains: " + error);
   for (std::size_t i = 0; i < straight.size(); ++i)
     check(torch::equal(straight[i], resumed[i]), "resumed weights bit-identical to the straight run's");
+  error.clear();
+  fit(-2, "", &error, /*fail_validation=*/true);
+  check(error.find("injected in validation on rank " + std::to_string(my_rank)) != std::string::npos,
+        "fit rethrows the rank's own validation error: " + error);
+  if (my_rank == 0) check(::access(path.c_str(), F_OK) == 0, "a validation failure on every rank: rank 0 wrote " + path);
+  if (my_rank == 0) std::rename(path.c_str(), kept.c_str());
+  error.clear();
+  const auto after_validation = fit(-2, kept, &error);
+  check(error.empty(), "the run resumed before its validation trains: " + error);
+  for (std::size_t i = 0; i < straight.size(); ++i)
+    check(torch::equal(straight[i], after_validation[i]), "resumed before validation: bit-identical weights");
   // One rank alone: no checkpoint, each rank says why, and fit returns (its error) on both.
   error.clear();
   fit(1, "", &error);

@@ -12,9 +12,11 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 
+#include "fulgur/callbacks/early_stopping.hpp"
 #include "fulgur/callbacks/on_exception_checkpoint.hpp"
 #include "support.hpp"
 
@@ -27,10 +29,15 @@ namespace {
 /// One injected failure: where, and at which training batch (counted from 1 over the run) or epoch
 /// start (counted from 1). It fires once.
 struct Fault {
-  enum Where { none, setup, training_step, batch_start, epoch_start, optimizer_step, batch_end, sigint, train_end };
+  enum Where {
+    none, setup, training_step, batch_start, epoch_start, optimizer_step, batch_end, sigint, train_end,
+    // after a batch's optimizer step, before its end: counted in training batches (validation after
+    // that batch), or in epoch ends
+    validation_step, validation_end, epoch_end, nan_loss
+  };
   Where where = none;
   std::int64_t at = -1;
-  std::int64_t batches = 0, epochs = 0;
+  std::int64_t batches = 0, epochs = 0, epoch_ends = 0;
   bool fired = false;
   bool fires(Where here, std::int64_t count) {
     if (where != here || count != at || fired) return false;
@@ -67,16 +74,35 @@ struct FaultNetImpl : torch::nn::Module {
     ctx.log("train_loss", loss);
     for (int i = 0; i < wide; ++i) ctx.log("m" + std::to_string(i), loss.detach() + i);  // more bytes a step
     if (late_from >= 0 && ctx.global_step >= late_from) ctx.log("late", loss.detach());  // a new CSV column
+    if (plateau) ctx.log("epoch_loss", loss.detach(), {.on_step = false, .on_epoch = true});
     if (fault->fires(Fault::training_step, fault->batches)) throw std::runtime_error("injected: training_step failed");
+    // A loss that reads NaN while its gradients stay those of the true loss: without the fault, the
+    // run is the straight one.
+    if (fault->fires(Fault::nan_loss, fault->batches)) return loss + std::numeric_limits<double>::quiet_NaN();
     return loss;
   }
-  at::Tensor validation_step(const data::Batch& b, std::int64_t) {
-    return torch::nn::functional::cross_entropy(forward(b.input), b.target);
+  at::Tensor validation_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
+    if (fault->fires(Fault::validation_step, fault->batches))
+      throw std::runtime_error("injected: validation_step failed");
+    at::Tensor loss = torch::nn::functional::cross_entropy(forward(b.input), b.target);
+    ctx.log("val_loss", loss);
+    validated.emplace_back(ctx.global_step, loss.item<double>());
+    return loss;
+  }
+  // Epoch-level logs, in the training steps and at the epoch's end: a resumed epoch end must count them once.
+  void on_train_epoch_end(StepContext& ctx) {
+    if (plateau) ctx.log("epoch_ends", at::ones({}), {.on_step = false, .on_epoch = true, .reduce = ReduceOp::sum});
   }
   OptimizerConfig configure_optimizers() {
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     if (fault->where == Fault::optimizer_step) optimizer = std::make_unique<FaultyAdam>(parameters(), 1e-2, fault);
     else optimizer = std::make_unique<torch::optim::Adam>(parameters(), 1e-2);
+    if (plateau) {  // halves the rate at each epoch's end whose val_loss did not halve: it moves every epoch
+      auto scheduler = std::make_unique<torch::optim::ReduceLROnPlateauScheduler>(
+          *optimizer, torch::optim::ReduceLROnPlateauScheduler::min, /*factor=*/0.5F, /*patience=*/0,
+          /*threshold=*/0.5);
+      return {.optimizer = std::move(optimizer), .lr_scheduler = std::move(scheduler), .monitor = "val_loss"};
+    }
     auto scheduler = std::make_unique<torch::optim::StepLR>(*optimizer, 3, 0.5);
     return {std::move(optimizer), std::move(scheduler), SchedulerInterval::step};
   }
@@ -86,6 +112,8 @@ struct FaultNetImpl : torch::nn::Module {
   Fault* fault;
   int wide = 0;
   std::int64_t late_from = -1;
+  bool plateau = false;
+  std::vector<std::pair<std::int64_t, double>> validated;  // (global_step, loss) of each validation batch in fit
 };
 TORCH_MODULE(FaultNet);
 
@@ -103,6 +131,14 @@ struct Injector {
   }
   void on_train_batch_start(TrainerView&) {
     if (fault->fires(Fault::batch_start, ++fault->batches)) throw std::runtime_error("injected: on_train_batch_start failed");
+  }
+  void on_validation_end(TrainerView&) {
+    if (fault->fires(Fault::validation_end, fault->batches))
+      throw std::runtime_error("injected: on_validation_end failed");
+  }
+  void on_train_epoch_end(TrainerView&) {
+    if (fault->fires(Fault::epoch_end, ++fault->epoch_ends))
+      throw std::runtime_error("injected: on_train_epoch_end failed");
   }
   void on_train_batch_end(TrainerView&) {
     if (fault->fires(Fault::batch_end, fault->batches)) throw std::runtime_error("injected: on_train_batch_end failed");
@@ -152,6 +188,49 @@ Outcome train(Fault fault, std::int64_t accumulate, const std::string& dir, cons
 }
 
 bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+struct Validated {
+  Outcome outcome;
+  std::vector<std::pair<std::int64_t, double>> validated;
+  std::vector<double> epoch_val_loss;  // FitResult's, per epoch
+  std::vector<Metrics> epoch_metrics;  // FitResult's callback metrics at each epoch's end
+};
+
+/// As train, with validation that logs val_loss every 4 batches and at each epoch's end, no sanity
+/// check, an EarlyStopping on val_loss (stops at global_step 16: no later val_loss improves by 1), a
+/// ReduceLROnPlateau (epoch interval) on it, and the fault after an optimizer step.
+Validated train_validated(Fault fault, const std::string& dir, const std::string& resume_from = "",
+                          std::int64_t accumulate = 1, std::int64_t max_steps = -1) {
+  torch::manual_seed(resume_from.empty() ? 7 : 99);
+  FaultNet net(&fault);
+  net->plateau = true;
+  auto [x, y] = test::classification_data(64, 3);
+  auto [vx, vy] = test::classification_data(16, 4);
+  data::TensorLoader train_data(x, y, {.batch_size = 8, .shuffle = true, .seed = 11});
+  data::TensorLoader val_data(vx, vy, {.batch_size = 8});
+  TrainerConfig config{.max_epochs = 3, .max_steps = max_steps, .accumulate_grad_batches = accumulate,
+                       .val_check_interval = 4, .num_sanity_val_steps = 0, .log_every_n_steps = 1,
+                       .default_root_dir = dir, .enable_progress_bar = false};
+  Trainer<CPU, Single, FloatPrecision, EarlyStopping, Injector, OnExceptionCheckpoint> trainer(
+      config, EarlyStopping({.monitor = "val_loss", .min_delta = 1.0, .patience = 3}), Injector{&fault},
+      OnExceptionCheckpoint({.dirpath = dir}));
+  Validated out;
+  CapturedErrors errors;
+  try {
+    const FitResult result = trainer.fit(net, train_data, val_data, FitOptions{.ckpt_path = resume_from});
+    out.outcome.global_step = result.global_step;
+    for (const auto& epoch : result.epochs) {
+      out.epoch_val_loss.push_back(epoch.val_loss.value_or(-1.0));
+      out.epoch_metrics.push_back(epoch.metrics);
+    }
+  } catch (const std::exception& e) {
+    out.outcome.error = e.what();
+  }
+  out.outcome.stderr_text = errors.str();
+  out.outcome.weights = test::snapshot(*net);
+  out.validated = net->validated;
+  return out;
+}
 
 }  // namespace
 
@@ -411,4 +490,65 @@ TEST_CASE("A logger on a full disk (ENOSPC): one warning, the run and the checkp
   CHECK(count_containing(run.result.warnings, "TensorBoardLogger 'lightning_logs' cannot write to") == 1);
   CHECK(count_containing(run.result.warnings, "No space left on device") == 2);
   CHECK(checkpoints_in(root + "/ckpt") == 8);
+}
+
+TEST_CASE("OnExceptionCheckpoint: a failure after a step, before its batch or epoch ended, resumes exactly",
+          "[on_exception][checkpoint]") {
+  // batch / epoch counted from 1 over the run; 8 batches an epoch, validation after batches 4 and 8.
+  // accumulate: accumulate_grad_batches; max_steps: the failed run's (the straight and resumed runs have none).
+  const auto [where, kind, at, step, pending, accumulate, max_steps] =
+      GENERATE(table<const char*, Fault::Where, std::int64_t, std::int64_t, const char*, std::int64_t, std::int64_t>({
+      {"validation_step at a mid-epoch val_check_interval point", Fault::validation_step, 12, 12, "its validation", 1,
+       -1},
+      {"validation_step at the epoch's end (the validation EarlyStopping stops at)", Fault::validation_step, 16, 16,
+       "its validation and the epoch's end", 1, -1},
+      {"a callback's on_validation_end, mid-epoch", Fault::validation_end, 12, 12, "its validation", 1, -1},
+      {"a callback's on_train_epoch_end (ReduceLROnPlateau steps after it)", Fault::epoch_end, 1, 8,
+       "its end runs first", 1, -1},
+      {"a NaN loss (read after the step)", Fault::nan_loss, 6, 6, "after the optimizer step of batch 5)", 1, -1},
+      {"validation_step mid-epoch, accumulate_grad_batches = 2", Fault::validation_step, 12, 6, "its validation", 2,
+       -1},
+      {"validation_step where max_steps stops the failed run mid-epoch (resumed without the limit, it goes on)",
+       Fault::validation_step, 12, 12, "its validation", 1, 12},
+  }));
+  INFO(where);
+  const std::string dir = test::scratch_folder("on_exception_pending");
+  const std::string path = dir + "/on_exception.ckpt";
+  const Validated straight =
+      train_validated({}, test::scratch_folder("on_exception_pending_straight"), "", accumulate);
+  REQUIRE(straight.outcome.error.empty());
+  REQUIRE(straight.outcome.global_step == 16 / accumulate);  // EarlyStopping stopped the run at the end of epoch 1
+
+  const Validated failed = train_validated({.where = kind, .at = at}, dir, "", accumulate, max_steps);
+  CHECK_THAT(failed.outcome.error, Catch::Contains(kind == Fault::nan_loss ? "the loss is NaN" : "injected"));
+  INFO(failed.outcome.stderr_text);
+  REQUIRE(exists(path));
+  CHECK_THAT(failed.outcome.stderr_text, Catch::Contains("OnExceptionCheckpoint wrote '" + path + "'") &&
+                                             Catch::Contains("global_step " + std::to_string(step)) &&
+                                             Catch::Contains(pending));
+  if (kind == Fault::nan_loss)
+    CHECK_THAT(failed.outcome.stderr_text, Catch::Contains("the step with the non-finite loss left"));
+  CHECK(checkpoint::load(path).at("global_step").toInt() == step);
+
+  const std::string copy = test::scratch_folder("on_exception_pending_resume") + "/from.ckpt";
+  REQUIRE(std::rename(path.c_str(), copy.c_str()) == 0);
+  const Validated resumed = train_validated({}, dir, copy, accumulate);
+  REQUIRE(resumed.outcome.error.empty());
+  CHECK(resumed.outcome.global_step == straight.outcome.global_step);
+  REQUIRE(resumed.outcome.weights.size() == straight.outcome.weights.size());
+  for (std::size_t i = 0; i < straight.outcome.weights.size(); ++i)
+    CHECK(test::identical(straight.outcome.weights[i], resumed.outcome.weights[i]));
+  // What the resumed run validated (the pending validation first) is what the straight run did from that step on.
+  std::vector<std::pair<std::int64_t, double>> expected;
+  for (const auto& entry : straight.validated)
+    if (entry.first > step || (entry.first == step && kind != Fault::epoch_end)) expected.push_back(entry);
+  CHECK(resumed.validated == expected);
+  // The epoch the checkpoint was in, and those after it, end with the straight run's val_loss.
+  const std::size_t first_epoch = static_cast<std::size_t>((step - 1) / (8 / accumulate));
+  REQUIRE(resumed.epoch_val_loss.size() == straight.epoch_val_loss.size() - first_epoch);
+  for (std::size_t e = 0; e < resumed.epoch_val_loss.size(); ++e) {
+    CHECK(resumed.epoch_val_loss[e] == straight.epoch_val_loss[first_epoch + e]);
+    CHECK(resumed.epoch_metrics[e] == straight.epoch_metrics[first_epoch + e]);  // epoch_loss, epoch_ends (1)
+    CHECK(resumed.epoch_metrics[e].at("epoch_ends") == 1.0);
+  }
 }

@@ -283,6 +283,8 @@ class FitLoop final : private detail::LoopLink, public FitState {
       summary.epoch = ctx_.current_epoch = progress_.epochs_done;
       const std::int64_t first_batch = std::exchange(resume_batch_, 0);
       const bool resumed = std::exchange(resuming_, false);
+      // A resumed checkpoint of a batch's training half, or of an epoch whose batches were all done.
+      const std::optional<PendingBatchEnd> pending = std::exchange(resume_pending_, std::nullopt);
       if (first_batch == 0) progress_.stepped_in_epoch = progress_.skipped_in_epoch = 0;
       if (resumed && first_batch == 0) restore_random_state();  // before the epoch, as when it was taken
       if (first_batch == 0) mark_completed_step();  // before epoch e: OnExceptionCheckpoint's point
@@ -294,11 +296,19 @@ class FitLoop final : private detail::LoopLink, public FitState {
       if (resumed && first_batch > 0) {  // mid-epoch: as the batch after it found things
         restore_epoch_position();
         restore_random_state();
-        mark_completed_step();  // the resumed position
+        if (!pending) mark_completed_step();  // the resumed position (a pending one is marked where it runs)
       }
-      auto running = profile<"run_training_epoch">(hook_);
-      const bool completed = epoch_loop.run(summary, start, first_batch, !loader_restored_);
-      running.end();
+      bool completed = true;
+      if (pending && pending->kind == PendingBatchEnd::Kind::epoch_end) {  // its batches are done: its end runs
+        summary.train_loss = pending->train_loss;
+        summary.val_loss = pending->val_loss;
+        ctx_.should_stop = progress_.stop_agreed = pending->should_stop;  // a stop asked for ends the run after it
+      } else {
+        auto running = profile<"run_training_epoch">(hook_);
+        completed = epoch_loop.run(summary, start, first_batch, !loader_restored_, pending ? &*pending : nullptr);
+      }
+      // OnExceptionCheckpoint's point before the epoch's end (on_train_epoch_end, its loggers, schedulers)
+      if (completed) mark_trained_epoch(summary);
       if (!completed && !frozen_loop_) frozen_loop_ = current_loop_state();  // cut short: resume inside this epoch
       finish_epoch(summary, completed);
       agree_on_stop();  // before done(): a stop asked for on one rank ends every rank's run here

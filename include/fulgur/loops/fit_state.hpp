@@ -63,6 +63,11 @@ class FitState {
   void mark_completed_step() {
     if (track_completed_steps_) remember_completed_step();
   }
+  /// Where the loop is now is batch `batch_idx`'s training half done, after its optimizer step: its
+  /// end (`pending`) is still to run, and a checkpoint of here runs it first when resumed.
+  void mark_trained_batch(std::int64_t batch_idx, const PendingBatchEnd& pending) {
+    if (track_completed_steps_) remember_trained_batch(batch_idx, pending);
+  }
   /// On the way out of a failed fit: writes the checkpoint of the last completed optimizer step to
   /// `path` (every rank calls it; under DDP only when every rank can save the same step). Returns
   /// why none was written; empty when it was. `peers_reachable`: false when the failure was a
@@ -84,6 +89,11 @@ class FitState {
   /// written (`write`: an interruption, taken between steps) or dropped (an error), and later ones
   /// (Trainer::save_checkpoint after fit) are written at once.
   void release_checkpoints(bool write);
+
+  /// The epoch's batches are all done; its end (on_train_epoch_end, loggers, schedulers) is still to run.
+  void mark_trained_epoch(const EpochSummary& summary) {
+    if (track_completed_steps_) remember_trained_epoch(summary);
+  }
 
   // ---- the run ----------------------------------------------------------------------------------
   /// configure_optimizers' answer fits the optimization mode and the config (Lightning's checks).
@@ -124,6 +134,13 @@ class FitState {
     std::int64_t skipped_total = 0;
     std::optional<StateDict> loader;  // the training loader's own state, if it keeps one
     StateDict random;                 // this rank's random state
+    // A batch's training half or an epoch's batches done (mark_trained_batch / _epoch): what is still
+    // to run, and where it calls hooks that may change them, what the epoch logged and the callbacks'
+    // states before (copies, taken at validations and epoch ends only).
+    std::optional<PendingBatchEnd> pending;
+    std::optional<c10::impl::GenericList> metrics;
+    std::optional<StateDict> callbacks;
+    bool passed = false;  // the run went past the point where the pending part changes state for good
   };
   /// `at`: the checkpoint of that completed step instead (its position and random state; the weights,
   /// optimizers and callbacks as they are now, which the caller checked have not moved on since).
@@ -172,6 +189,7 @@ class FitState {
   c10::impl::GenericList resume_metrics_{c10::AnyType::get()};
   c10::impl::GenericDict resume_views_{c10::StringType::get(), c10::AnyType::get()};
   StateDict resume_rank_;
+  std::optional<PendingBatchEnd> resume_pending_;  // the resumed checkpoint's pending batch or epoch end
 
  private:
   bool checkpoints_held_ = false;
@@ -181,6 +199,10 @@ class FitState {
   StateDict loop_state(const FitProgress& progress, std::int64_t skipped_total, std::optional<StateDict> loader) const;
   StateDict rank_states(const CompletedStep* at);
   void remember_completed_step();
+  void remember_trained_batch(std::int64_t batch_idx, const PendingBatchEnd& pending);
+  void remember_trained_epoch(const EpochSummary& summary);
+  /// Copies of what the pending part's hooks may change (what this epoch logged, the callbacks' states).
+  void remember_hook_state();
   bool track_completed_steps_ = false;
   std::optional<CompletedStep> completed_step_;
   std::string checkpoint_name() const { return "checkpoint '" + checkpoint_path_ + "'"; }

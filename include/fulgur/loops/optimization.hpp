@@ -83,6 +83,25 @@ inline void count_optimizer_step(FitProgress& progress, bool ran, const TrainerC
   progress.skipped_in_a_row = 0;
 }
 
+/// The optimizer step, automatic or manual: detect_anomaly's gradient check, `before` (the clipping),
+/// then the step under the profiler scope `timer` starts, flagged in FitProgress::in_optimizer_step
+/// while it changes the weights (left set by an exception: they may be half updated), then counted.
+template <class Host, class Hook, class Before, class Timer>
+inline bool guarded_optimizer_step(Host& host, Hook& hook, const TrainerConfig& config,
+                                   torch::optim::Optimizer& optimizer, FitProgress& progress, Before&& before,
+                                   Timer&& timer) {
+  if (!Host::uses_loss_scaler && config.detect_anomaly)
+    check_gradients_finite(hook.module(), hook.ctx(), Host::precision_name());
+  before();
+  auto timed = timer();
+  progress.in_optimizer_step = true;
+  const bool ran = host.optimizer_step(optimizer);
+  progress.in_optimizer_step = false;
+  timed.end();
+  count_optimizer_step(progress, ran, config, hook.ctx(), Host::precision_name());
+  return ran;
+}
+
 /// What one batch's optimization gives back.
 template <class Output>
 struct BatchOutcome {
@@ -134,22 +153,17 @@ class AutomaticOptimization {
   bool step() {
     if (!host_.unscales_in_optimizer(optimizer_)) host_.unscale_gradients(optimizer_);
     hook_(hooks::on_before_optimizer_step, optimizer_);
-    if (!Host::uses_loss_scaler && config_.detect_anomaly)
-      check_gradients_finite(hook_.module(), hook_.ctx(), Host::precision_name());
-    if (config_.gradient_clip_val && *config_.gradient_clip_val > 0.0) {
+    auto clip_gradients = [&] {
+      if (!config_.gradient_clip_val || *config_.gradient_clip_val <= 0.0) return;
       ClipGradients clip{.error_if_nonfinite = false};
       (config_.gradient_clip_algorithm == GradientClipAlgorithm::norm ? clip.max_norm : clip.clip_val) =
           *config_.gradient_clip_val;
       auto timed = profile_module<"configure_gradient_clipping">(hook_);
       host_.clip_gradients(hook_.module(), optimizer_, clip);
-    }
-    auto timed = profile_module<"optimizer_step">(hook_);  // the step alone: the closure ran before it
-    progress_.in_optimizer_step = true;  // left set by an exception: the weights may be half updated
-    const bool ran = host_.optimizer_step(optimizer_);
-    progress_.in_optimizer_step = false;
-    timed.end();
-    count_optimizer_step(progress_, ran, config_, hook_.ctx(), Host::precision_name());
-    return ran;
+    };
+    // the step alone is timed: the closure ran before it
+    return guarded_optimizer_step(host_, hook_, config_, optimizer_, progress_, clip_gradients,
+                                  [&] { return profile_module<"optimizer_step">(hook_); });
   }
 
   Host& host_;
@@ -201,14 +215,9 @@ class ManualOptimization {
     torch::optim::Optimizer& optimizer = *optimizers_[index].optimizer;
     if (!host_.unscales_in_optimizer(optimizer)) host_.unscale_gradients(optimizer);
     hook_(hooks::on_before_optimizer_step, optimizer);
-    if (!Host::uses_loss_scaler && config_.detect_anomaly)
-      check_gradients_finite(hook_.module(), hook_.ctx(), Host::precision_name());
-    auto timed = profile<"optimizer_step">(hook_);  // Lightning's name under manual optimization
-    progress_.in_optimizer_step = true;  // left set by an exception: the weights may be half updated
-    const bool ran = host_.optimizer_step(optimizer);
-    progress_.in_optimizer_step = false;
-    timed.end();
-    count_optimizer_step(progress_, ran, config_, hook_.ctx(), Host::precision_name());
+    // profile<"optimizer_step">: Lightning's name under manual optimization
+    const bool ran = guarded_optimizer_step(host_, hook_, config_, optimizer, progress_, [] {},
+                                            [&] { return profile<"optimizer_step">(hook_); });
     hook_.ctx().global_step = progress_.global_step;
     return ran;
   }

@@ -44,6 +44,21 @@ struct ValidationSchedule {
   std::optional<std::int64_t> every_n_epochs{};
 };
 
+/// What of a batch, or of an epoch, is still to run once its training half is done (after the
+/// optimizer step, the schedulers, on_train_batch_end, the step's metrics and loggers, the loss read):
+/// OnExceptionCheckpoint's second position (FitState::mark_trained_batch). A checkpoint of it runs
+/// that first when resumed, then goes on with the next batch.
+struct PendingBatchEnd {
+  enum class Kind : std::int64_t { batch_end = 1, epoch_end = 2 };
+  Kind kind = Kind::batch_end;
+  bool step_ran = false;  ///< the optimizer really stepped (the plateau schedulers step after validation)
+  bool validate = false;  ///< validation is due at this batch
+  bool last = false;      ///< the epoch's last batch: its end follows
+  bool stop = false;      ///< the run stops after this batch (kept for the record; a resumed run asks again)
+  bool should_stop = false;  ///< a stop asked for (ctx.should_stop; under DDP, agreed), maybe not taken yet
+  std::optional<double> train_loss{}, val_loss{};  ///< the epoch's summary so far
+};
+
 template <class Host, class Module, class TrainData, class Optimization, class ValLoop>
 class TrainingEpochLoop {
  public:
@@ -67,11 +82,16 @@ class TrainingEpochLoop {
   /// One epoch; fills the summary's train_loss and val_loss. Returns whether the epoch reached its
   /// end (its last batch, or on_train_batch_start's -1), also when the run stops there.
   /// first_batch: where a resumed epoch goes on (the batches before it are passed over unread;
-  /// skip = false when the loader restored its own position).
+  /// skip = false when the loader restored its own position). pending: a resumed checkpoint of batch
+  /// first_batch - 1's training half (PendingBatchEnd::batch_end), whose end runs first.
   bool run(EpochSummary& summary, std::chrono::steady_clock::time_point fit_start, std::int64_t first_batch = 0,
-           bool skip = true) {
+           bool skip = true, const PendingBatchEnd* pending = nullptr) {
     fit_start_ = fit_start;
     summary_ = &summary;
+    if (pending != nullptr) {
+      const BatchEnd ended = end_pending_batch(*pending, first_batch - 1);
+      if (ended != BatchEnd::go_on) return ended == BatchEnd::end_of_epoch || pending->last;
+    }
     // A loader that can start mid-epoch (begin_at) does so without reading the batches before.
     constexpr bool starts_anywhere = requires { p_.data.begin_at(first_batch); p_.data.size(); };
     auto it = [&] {
@@ -142,23 +162,56 @@ class TrainingEpochLoop {
     ++p_.progress.total_batch_idx;
     if (outcome.stepped && (p_.progress.batches_that_stepped + 1) % config_.log_every_n_steps == 0)
       agree_on_stop();  // under DDP, at each log step: a stop any rank asked for ends every rank's run here
-    bool stop = stop_requested();
-    read_loss(outcome, is_last || stop, step_at_batch);
-    if (should_validate(is_last)) {
-      validate(outcome.stepped);
+    const bool stop = stop_requested();
+    const bool finite = read_loss(outcome, is_last || stop, step_at_batch);
+    const bool validate_now = should_validate(is_last);
+    if (outcome.stepped)  // OnExceptionCheckpoint's second point: the rest of this batch (and epoch) is pending
+      p_.fit.mark_trained_batch(batch_idx, {.step_ran = outcome.step_ran,
+                                            .validate = validate_now,
+                                            .last = is_last,
+                                            .stop = stop,
+                                            .should_stop = stop_wanted(p_.progress, ctx, p_.host.world_size()),
+                                            .train_loss = summary_->train_loss,
+                                            .val_loss = summary_->val_loss});
+    if (!finite)
+      raise_non_finite_loss(summary_->train_loss.value_or(0.0), p_.hook.ctx(), step_at_batch, Host::precision_name(),
+                            config_.finite_loss_check == FiniteLossCheck::every_step, last_finite_step_);
+    return end_batch(batch_idx, outcome.stepped, outcome.step_ran, validate_now, is_last, stop);
+  }
+
+  /// A resumed checkpoint of a batch's training half: its end, as the batch left it.
+  BatchEnd end_pending_batch(const PendingBatchEnd& pending, std::int64_t batch_idx) {
+    StepContext& ctx = p_.hook.ctx();
+    ctx.batch_idx = batch_idx;
+    ctx.global_step = p_.progress.global_step;
+    ctx.should_stop = p_.progress.stop_agreed = pending.should_stop;
+    summary_->train_loss = pending.train_loss;
+    summary_->val_loss = pending.val_loss;
+    p_.progress.batches_in_epoch = batch_idx;  // the batch is not over yet
+    p_.fit.mark_trained_batch(batch_idx, pending);  // again: a failure in its end saves the same state
+    // Whether the run ends after it, by this run's limits (a resumed run may have raised max_steps).
+    const bool stop = stop_requested();
+    return end_batch(batch_idx, /*stepped=*/true, pending.step_ran, pending.validate, pending.last, stop);
+  }
+
+  /// The rest of a batch after its training half: validation where due, the plateau schedulers, the
+  /// counters, the checkpoints asked for, the signals.
+  BatchEnd end_batch(std::int64_t batch_idx, bool stepped, bool step_ran, bool validate_now, bool is_last, bool stop) {
+    if (validate_now) {
+      validate(stepped);
       agree_on_stop();
       stop = stop || stop_requested();  // a stop asked for in validation (EarlyStopping) ends the run here
     }
-    if (outcome.step_ran) p_.schedulers.after_step(batch_idx, p_.views.callback, /*plateau=*/true);
-    if (outcome.stepped) p_.hook.view()->set_logging_step(++p_.progress.batches_that_stepped);
+    if (step_ran) p_.schedulers.after_step(batch_idx, p_.views.callback, /*plateau=*/true);
+    if (stepped) p_.hook.view()->set_logging_step(++p_.progress.batches_that_stepped);
     p_.progress.batches_in_epoch = batch_idx + 1;
     const BatchEnd ended = stop ? BatchEnd::stop_run : is_last ? BatchEnd::end_of_epoch : BatchEnd::go_on;
     // Saves asked for in this batch are written now that it is over; at an epoch's end (or a
     // stop), once the epoch is (fit.hpp).
     if (ended == BatchEnd::go_on) {
       if (p_.fit.checkpoints_requested()) p_.fit.write_requested_checkpoints();
-      check_signals(outcome.stepped);  // the batch is over: a checkpoint taken now resumes exactly
-      if (outcome.stepped) p_.fit.mark_completed_step();  // a window ended (OnExceptionCheckpoint's point)
+      check_signals(stepped);  // the batch is over: a checkpoint taken now resumes exactly
+      if (stepped) p_.fit.mark_completed_step();  // a window ended (OnExceptionCheckpoint's point)
     }
     return ended;
   }
@@ -230,13 +283,15 @@ class TrainingEpochLoop {
     return false;
   }
 
+  /// Reads the loss where it is due; false when it is not finite and that is an error (raised once
+  /// the batch's position is marked).
   template <class Outcome>
-  void read_loss(const Outcome& outcome, bool must, std::int64_t step_at_batch) {
-    if (!outcome.loss.defined()) return;
+  bool read_loss(const Outcome& outcome, bool must, std::int64_t step_at_batch) {
+    if (!outcome.loss.defined()) return true;
     const std::int64_t steps = p_.progress.global_step;
     const bool log_step = outcome.stepped && (steps == 1 || steps % config_.log_every_n_steps == 0);
     const bool every_step = config_.finite_loss_check == FiniteLossCheck::every_step;
-    if (!(must || log_step || every_step)) return;
+    if (!(must || log_step || every_step)) return true;
     // A copy (float32: every backend reduces it), averaged over the ranks, which all read the same
     // batches: every rank reports, monitors and checks the same number.
     at::Tensor loss = outcome.loss.detach().reshape({}).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
@@ -247,9 +302,9 @@ class TrainingEpochLoop {
     if (!p_.metrics.logs("train_loss"))  // fulgur's train_loss, a callback metric monitors can use
       p_.views.callback.set("train_loss", loss);
     constexpr bool scaled = Host::uses_loss_scaler;  // skips are counted instead
-    if (!scaled && config_.finite_loss_check != FiniteLossCheck::off && !std::isfinite(value))
-      raise_non_finite_loss(value, p_.hook.ctx(), step_at_batch, Host::precision_name(), every_step, last_finite_step_);
+    if (!scaled && config_.finite_loss_check != FiniteLossCheck::off && !std::isfinite(value)) return false;
     last_finite_step_ = step_at_batch;
+    return true;
   }
 
   bool should_validate(bool is_last) const {

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "fulgur/detail/module_type.hpp"
 #include "fulgur/nn/activation_checkpoint.hpp"
 
 namespace fulgur {
@@ -29,7 +30,7 @@ class ActivationCheckpointing {
   template <class... Modules>
   static ActivationCheckpointing by_type() {
     ActivationCheckpointing policy;
-    policy.types_ = {std::type_index(typeid(contained_t<Modules>))...};
+    policy.types_ = {std::type_index(typeid(detail::contained_t<Modules>))...};
     return policy;
   }
   /// Checkpoints every module called through it.
@@ -54,18 +55,6 @@ class ActivationCheckpointing {
   }
 
  private:
-  template <class M>
-  struct contained {
-    using type = M;
-  };
-  template <class M>
-    requires requires { typename M::ContainedType; }
-  struct contained<M> {
-    using type = typename M::ContainedType;
-  };
-  template <class M>
-  using contained_t = typename contained<M>::type;
-
   std::vector<std::type_index> types_;
   bool every_ = false;
 };

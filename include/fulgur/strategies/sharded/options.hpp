@@ -10,6 +10,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "fulgur/detail/module_type.hpp"
 #include "fulgur/distributed/data_parallel.hpp"
 
 namespace torch::nn {
@@ -32,22 +33,9 @@ struct WrapPolicy {
 
   template <class... Modules>
   static WrapPolicy by_type(std::int64_t min_params = 0) {
-    return {min_params, {std::type_index(typeid(contained_t<Modules>))...}};
+    return {min_params, {std::type_index(typeid(fulgur::detail::contained_t<Modules>))...}};
   }
   static WrapPolicy by_size(std::int64_t min_params) { return {min_params, {}}; }
-
- private:
-  template <class M>
-  struct contained {
-    using type = M;
-  };
-  template <class M>
-    requires requires { typename M::ContainedType; }
-  struct contained<M> {
-    using type = typename M::ContainedType;
-  };
-  template <class M>
-  using contained_t = typename contained<M>::type;
 };
 
 /// Initialises one module's own parameters and buffers in place (not its children's); called for
