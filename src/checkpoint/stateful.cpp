@@ -6,6 +6,7 @@
 
 #include "fulgur/checkpoint/stateful.hpp"
 #include "fulgur/detail/describe.hpp"
+#include "src/detail/error_text.hpp"
 
 namespace fulgur {
 namespace {
@@ -72,9 +73,8 @@ StateDict CheckpointState::restore(detail::HostLink& host, StateDict checkpoint,
         try {
           host.load_optimizer_state(*static_cast<torch::optim::Optimizer*>(o), dict(value, where));
         } catch (const std::exception& failure) {
-          std::string text = detail::first_line(failure.what());
-          if (text.rfind("fulgur: ", 0) == 0) text.erase(0, 8);
-          throw CheckpointError("fulgur: " + where + ": " + text);
+          throw CheckpointError("fulgur: " + where + ": " +
+                                detail::without_fulgur_prefix(detail::first_line(failure.what())));
         }
         break;
       case Kind::integer: *static_cast<std::int64_t*>(o) = expect(value.isInt(), value, where, "an integer").toInt(); break;

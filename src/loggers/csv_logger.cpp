@@ -2,6 +2,7 @@
 #include "fulgur/detail/atomic_file.hpp"
 #include "fulgur/detail/files.hpp"
 #include "fulgur/errors.hpp"
+#include "src/detail/error_text.hpp"
 
 #include <sys/stat.h>
 
@@ -115,8 +116,7 @@ void CSVLogger::give_up(const std::exception& e) {
   failed_ = true;
   rows_.clear();  // kept, they would only grow
   appending_.reset();
-  std::string why = e.what();
-  if (why.rfind("fulgur: ", 0) == 0) why.erase(0, 8);
+  const std::string why = detail::without_fulgur_prefix(e.what());
   warnings_.push_back("fulgur: CSVLogger '" + std::string(name()) + "' cannot write to " + log_dir() + ": " + why +
                       " It logs nothing more in this run; training goes on, the other loggers and the checkpoints "
                       "are not affected.");

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "fulgur/loggers/event_file.hpp"
+#include "src/detail/error_text.hpp"
 
 namespace fulgur {
 namespace {
@@ -92,8 +93,7 @@ void TensorBoardLogger::save() {
 void TensorBoardLogger::give_up(const std::exception& e) {
   failed_ = true;
   events_.reset();  // closes the file (a destructor that does not throw)
-  std::string why = e.what();
-  if (why.rfind("fulgur: ", 0) == 0) why.erase(0, 8);
+  const std::string why = detail::without_fulgur_prefix(e.what());
   warnings_.push_back("fulgur: TensorBoardLogger '" + std::string(name()) + "' cannot write to " + log_dir() + ": " +
                       why + " It logs nothing more in this run; training goes on, the other loggers and the "
                       "checkpoints are not affected.");

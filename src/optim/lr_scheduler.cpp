@@ -101,7 +101,7 @@ std::string kind_of(const LRScheduler& scheduler) {
   return colon == std::string::npos ? name : name.substr(colon + 2);
 }
 
-using detail::number_text;  // what an ostream's default writes: "%g"
+using ::fulgur::detail::number_text;  // what an ostream's default writes: "%g"
 
 }  // namespace
 

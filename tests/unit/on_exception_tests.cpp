@@ -299,6 +299,17 @@ TEST_CASE("OnExceptionCheckpoint: a run stopped mid-epoch by max_steps that fail
   for (std::size_t i = 0; i < straight.weights.size(); ++i) CHECK(test::identical(straight.weights[i], resumed.weights[i]));
 }
 
+TEST_CASE("OnExceptionCheckpoint: on_train_epoch_end of an epoch a stop cut short says so", "[on_exception]") {
+  // max_steps = 11 stops the second epoch after its third batch; its on_train_epoch_end then fails.
+  const std::string dir = test::scratch_folder("on_exception_cut_epoch_end");
+  const Outcome failed = train({.where = Fault::epoch_end, .at = 2}, 1, dir, "", 11);
+  CHECK_THAT(failed.error, Catch::Contains("injected: on_train_epoch_end"));
+  CHECK_FALSE(exists(dir + "/on_exception.ckpt"));
+  CHECK_THAT(failed.stderr_text, Catch::Contains("OnExceptionCheckpoint wrote no checkpoint: the exception came in "
+                                                 "the end of epoch 1, which a stop cut short after batch 2"));
+  CHECK_THAT(failed.stderr_text, !Catch::Contains("had stepped its schedulers"));
+}
+
 TEST_CASE("OnExceptionCheckpoint: Ctrl-C writes where fit stopped, which resumes exactly, and keeps it", "[on_exception]") {
   const std::string dir = test::scratch_folder("on_exception_sigint");
   const Outcome straight = train({}, 2, test::scratch_folder("on_exception_sigint_straight"));
