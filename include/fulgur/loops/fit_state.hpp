@@ -59,6 +59,8 @@ class FitState {
   /// From now on the loop remembers where it was after each completed optimizer step (its counters,
   /// random state and loader position; no weights): a few small copies per step, none when off.
   void track_completed_steps() { track_completed_steps_ = true; }
+  /// Whether it does (the loop builds what a mark needs only then: nothing per step without the callback).
+  bool tracks_completed_steps() const { return track_completed_steps_; }
   /// Where the loop is now is the end of an accumulation window (or an epoch's start or end).
   void mark_completed_step() {
     if (track_completed_steps_) remember_completed_step();

@@ -165,7 +165,8 @@ class TrainingEpochLoop {
     const bool stop = stop_requested();
     const bool finite = read_loss(outcome, is_last || stop, step_at_batch);
     const bool validate_now = should_validate(is_last);
-    if (outcome.stepped)  // OnExceptionCheckpoint's second point: the rest of this batch (and epoch) is pending
+    // OnExceptionCheckpoint's second point: the rest of this batch (and epoch) is pending
+    if (outcome.stepped && p_.fit.tracks_completed_steps())
       p_.fit.mark_trained_batch(batch_idx, {.step_ran = outcome.step_ran,
                                             .validate = validate_now,
                                             .last = is_last,
