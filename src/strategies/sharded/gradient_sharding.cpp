@@ -137,7 +137,18 @@ ShardedGradientReducer& GradientSharding::sharded_reducer() {
 
 const ShardedGradientReducer* GradientSharding::reducer() const { return gradients_->reducer.get(); }
 
-void GradientSharding::begin_backward() { sharded_reducer().prepare_for_backward(); }
+void GradientSharding::begin_backward() {
+  // A param group added since the reducer was built (BackboneFinetuning's unfreeze at an epoch's
+  // start) is laid out now, and the reducer built again over the new buckets, before any gradient
+  // of its parameters arrives. Without added groups: a size comparison per optimizer.
+  std::size_t buckets = 0;
+  for (const auto& shard : shards()) {
+    if (shard->adds_groups()) shard->lay_out_added_groups();
+    buckets += shard->buckets().size();
+  }
+  if (gradients_->reducer && gradients_->reducer->bucket_count() != buckets) gradients_->reducer.reset();
+  sharded_reducer().prepare_for_backward();
+}
 void GradientSharding::end_backward() { sharded_reducer().finalize_backward(); }
 void GradientSharding::abandon_backward() noexcept {
   if (gradients_->reducer) gradients_->reducer->abandon_backward();
