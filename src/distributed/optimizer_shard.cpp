@@ -224,6 +224,12 @@ void OptimizerShard::lay_out_added_groups() {
   lay_out(plan, first, dynamic_cast<torch::optim::Adagrad*>(optimizer_) != nullptr, std::nullopt);
 }
 
+const at::Tensor* OptimizerShard::unfrozen() const {
+  for (const at::Tensor& p : frozen_)
+    if (p.requires_grad()) return &p;
+  return nullptr;
+}
+
 c10::Device OptimizerShard::unit_device(const ShardPlan& plan) const {
   for (const auto& g : plan.groups)
     for (const auto& unit : g.units) return unit.buckets.front().slots.front().param.device();
@@ -308,6 +314,7 @@ void OptimizerShard::lay_out(const ShardPlan& plan, std::size_t first_group, boo
       units_.push_back(std::move(unit));
     }
     shards.insert(shards.end(), plan.groups[g].frozen.begin(), plan.groups[g].frozen.end());
+    frozen_.insert(frozen_.end(), plan.groups[g].frozen.begin(), plan.groups[g].frozen.end());
     swapped_params_.push_back(std::move(shards));
   }
 }

@@ -118,6 +118,9 @@ class OptimizerShard {
   /// stage 3 refuses). Every rank must call it at the same point with the same groups: one collective
   /// checks that they agree (DistributedError otherwise). The stage-2 reducer is to be built again.
   void lay_out_added_groups();
+  /// A parameter of the optimizer that was frozen when it was laid out (never packed) and requires
+  /// grad now, or null: a flag read per such parameter.
+  const at::Tensor* unfrozen() const;
 
   /// While alive, the optimizer's param groups hold the shards (and the group's frozen parameters,
   /// which it leaves alone as before).
@@ -193,6 +196,7 @@ class OptimizerShard {
   // Per param group: its shards, then its frozen parameters. A ShardView swaps each with the group's
   // own list (no allocation), and back.
   std::vector<std::vector<at::Tensor>> swapped_params_;
+  std::vector<at::Tensor> frozen_;  // the groups' parameters frozen when laid out: never packed
   bool shard_parameters_ = false;
   ShardLayout layout_;
 };

@@ -683,6 +683,38 @@ void backbone_finetuning(const std::string& dir) {
   if (my_rank == 0)
     std::cout << "backbone_finetuning<" << Stage << ">: max |sharded - ddp| = " << difference << std::endl;
 
+  // An optimizer over every parameter, the frozen backbone's too: the callback adds no group (Lightning's
+  // warning). Stage 1 steps the unfrozen backbone whole on every rank from its averaged gradients, as
+  // DDP; stage 2 would leave its gradients unreduced, and refuses at the unfreeze's first backward.
+  {
+    const auto fit_all = [&]<class S>(const typename S::options_type& o) {
+      auto [x, y] = dataset(32 * world_from_environment());
+      torch::manual_seed(3);
+      Net model;
+      Trainer<CPUAccelerator, S, FloatPrecision, BackboneFinetuning> trainer(
+          config({.max_epochs = 2}), o, BackboneFinetuning({.unfreeze_backbone_at_epoch = 1, .backbone = "fc1"}));
+      data::TensorLoader loader(x, y, {.batch_size = 8, .shuffle = true, .seed = 9});
+      trainer.fit(model, loader);
+      return model->parameters();
+    };
+    const auto whole = fit_all.template operator()<DDP>(small);
+    if constexpr (Stage == 1) {
+      const double d = max_difference(whole, fit_all.template operator()<Zero<Stage>>(small));
+      check(d == 0.0, "an optimizer over every parameter: stage 1 trains the unfrozen backbone as DDP does, "
+                      "max difference " + std::to_string(d));
+    } else {
+      std::string message;
+      try {
+        fit_all.template operator()<Zero<Stage>>(small);
+      } catch (const MisconfigurationError& e) {
+        message = e.what();
+      }
+      check(message.find("'fc1.weight' was frozen when the strategy laid its optimizer out and requires grad now") !=
+                std::string::npos,
+            "an optimizer over every parameter: the unfrozen backbone is refused under stage 2: " + message);
+    }
+  }
+
   // The ranks add different groups (rank 0 fc1's weight and bias, the others its weight only): every
   // rank stops with an error that says so, at the backward (stage 2) or step (stage 1) that lays them out.
   {

@@ -12,6 +12,7 @@
 #include "src/strategies/sharded/state.hpp"
 
 #include <algorithm>
+#include <string>
 #include <functional>
 #include <mutex>
 #include <unordered_map>
@@ -145,6 +146,18 @@ void GradientSharding::begin_backward() {
   for (const auto& shard : shards()) {
     if (shard->adds_groups()) shard->lay_out_added_groups();
     buckets += shard->buckets().size();
+    if (const at::Tensor* p = shard->unfrozen()) {
+      std::string name = "(a parameter outside the module)";
+      for (const auto& [n, q] : gradients_->named_parameters)
+        if (q.unsafeGetTensorImpl() == p->unsafeGetTensorImpl()) name = n;
+      const std::string stage = shard->shards_parameters() ? "3" : "2";
+      throw MisconfigurationError("fulgur: ShardedStrategy<" + stage + ">: '" + name + "' was frozen when the "
+                                  "strategy laid its optimizer out and requires grad now; its gradient would not be "
+                                  "reduced "
+                                  "across the ranks. Give the optimizer the trainable parameters only (as "
+                                  "BackboneFinetuning expects: the unfrozen ones then come as a new param group), "
+                                  "or use ShardedStrategy<1> or DDPStrategy.");
+    }
   }
   if (gradients_->reducer && gradients_->reducer->bucket_count() != buckets) gradients_->reducer.reset();
   sharded_reducer().prepare_for_backward();
