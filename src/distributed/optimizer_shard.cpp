@@ -207,9 +207,8 @@ void OptimizerShard::lay_out_added_groups() {
   const auto groups = static_cast<std::int64_t>(optimizer_->param_groups().size());
   const auto key = static_cast<std::int64_t>(hash >> 2);
   if (group_.size() > 1) {
-    const at::Tensor agreement =
-        at::tensor(std::vector<std::int64_t>{groups, -groups, added, -added, key, -key}, at::TensorOptions().dtype(at::kLong))
-            .to(unit_device(plan));
+    const std::vector<std::int64_t> mine{groups, -groups, added, -added, key, -key};
+    const at::Tensor agreement = at::tensor(mine, at::TensorOptions().dtype(at::kLong)).to(unit_device(plan));
     group_.all_reduce(agreement, ReduceOp::max);
     const at::Tensor values = agreement.cpu();
     const std::int64_t* v = values.data_ptr<std::int64_t>();
@@ -219,7 +218,8 @@ void OptimizerShard::lay_out_added_groups() {
                              std::to_string(added) + " trainable parameters added) but not in the same way on every "
                              "rank (" + std::to_string(-v[1]) + " to " + std::to_string(v[0]) + " groups, " +
                              std::to_string(-v[3]) + " to " + std::to_string(v[2]) + " parameters added); add param "
-                             "groups on every rank at the same step (as BackboneFinetuning does, at an epoch's start).");
+                             "groups on every rank at the same step (as BackboneFinetuning does, at an epoch's "
+                             "start).");
   }
   lay_out(plan, first, dynamic_cast<torch::optim::Adagrad*>(optimizer_) != nullptr, std::nullopt);
 }

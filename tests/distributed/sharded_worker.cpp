@@ -659,7 +659,8 @@ void backbone_finetuning(const std::string& dir) {
   DDPOptions small = options();  // fc1's 297 weights span several buckets (DDP's too: the same 3-rank sums)
   small.bucket_bytes = 512;
   small.first_bucket_bytes = 256;
-  const BackboneRun ddp = backbone_fit<DDP>(small);
+  const std::string ddp_after = dir + "/backbone_ddp_after.ckpt";
+  const BackboneRun ddp = backbone_fit<DDP>(small, SaveInEpochs{{{2, 1, ddp_after}}});
   const std::string after = dir + "/backbone_after.ckpt", before = dir + "/backbone_before.ckpt";
   const BackboneRun straight = backbone_fit<Zero<Stage>>(small, SaveInEpochs{{{2, 1, after}, {0, 2, before}}});
   check(torch::equal(straight.backbone.at(0), initial), "the backbone is frozen in epoch 0");
@@ -680,6 +681,11 @@ void backbone_finetuning(const std::string& dir) {
     if (name == "before")
       check(torch::equal(resumed.backbone.at(0), initial) && !torch::equal(resumed.backbone.at(1), initial),
             "resumed before the unfreeze: the backbone unfreezes again at epoch 1");
+  }
+  {  // DDP's whole optimizer state, the backbone's group in it, cut into this rank's shards
+    const double d = max_difference(ddp.params, backbone_fit<Zero<Stage>>(small, {}, ddp_after).params);
+    check(d <= tolerance<Stage>(false), "resumed under ShardedStrategy<" + std::to_string(Stage) + "> from DDP's "
+                                        "checkpoint written after the unfreeze: max difference " + std::to_string(d));
   }
   {  // unfrozen at epoch 0: the group is added before the first backward (stage 2's reducer not built yet)
     const double d = max_difference(backbone_fit<DDP>(small, {}, "", 0).params,
