@@ -136,16 +136,20 @@ torch::nn::Module& BackboneFinetuning::backbone_of(torch::nn::Module& module) co
 
 void BackboneFinetuning::setup(TrainerView& trainer, torch::nn::Module& module) {
   const std::string strategy = detail::strategy_name(trainer);
-  if (strategy.rfind("deepspeed", 0) == 0)
-    throw MisconfigurationError("The Finetuning callback does not support running with the DeepSpeed strategy. "
-                                "Choose a different strategy or disable the callback. (fulgur: " + strategy + ")");
   // DDP's reducer lays its buckets out again when the backbone is unfrozen (every rank unfreezes at
-  // the same epoch's start); the sharded strategies partition the param groups they set up with.
-  if (!strategy.empty() && strategy != "single_device" && strategy != "ddp")
-    throw MisconfigurationError("fulgur: BackboneFinetuning runs under the single-device strategy and DDP only: "
-                                "under " + strategy + " the backbone's parameters, frozen when the strategy sets "
-                                "up, stay out of its optimizer sharding, so once unfrozen each rank would train "
-                                "them apart; use DDPStrategy, or unfreeze by hand before fit.");
+  // the same epoch's start); ShardedStrategy<1> and <2> lay the added param group out in shards of
+  // its own at its next backward or step (Lightning refuses DeepSpeed, whose stages these are named after).
+  if (strategy == "fsdp")
+    throw MisconfigurationError("fulgur: BackboneFinetuning cannot run under ShardedStrategy<3>: its parameters are "
+                                "sharded in the wrapped units laid out at set-up, which a backbone unfrozen later "
+                                "cannot join; use ShardedStrategy<2> (gradients and optimizer state sharded) or "
+                                "DDPStrategy.");
+  if (!strategy.empty() && strategy != "single_device" && strategy != "ddp" && strategy != "deepspeed_stage_1" &&
+      strategy != "deepspeed_stage_2")
+    throw MisconfigurationError("fulgur: BackboneFinetuning runs under the single-device strategy, DDP and "
+                                "ShardedStrategy<1> and <2> only: under " + strategy + " the backbone's parameters, "
+                                "frozen when the strategy sets up, would not join its optimizer's layout once "
+                                "unfrozen; use DDPStrategy, or unfreeze by hand before fit.");
   freeze(backbone_of(module), options_.train_bn, frozen_momenta_);
   // A new fit starts afresh (a resumed one then reads its state from the checkpoint).
   previous_backbone_lr_.reset();

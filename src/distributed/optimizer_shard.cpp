@@ -45,13 +45,18 @@ bool fresh_adagrad(torch::optim::Optimizer& optimizer) {
 }  // namespace
 
 ShardPlan ShardPlan::of(const torch::optim::Optimizer& optimizer, int world_size, const ShardLayout& layout,
-                        const std::function<std::int64_t(const at::Tensor&)>& wrap_unit) {
+                        const std::function<std::int64_t(const at::Tensor&)>& wrap_unit, std::size_t first_group) {
   const std::int64_t world = world_size;
   ShardPlan plan;
   std::size_t counted_bucket = 0;  // layout.bucket_params: the bucket being filled, and its parameters so far
   std::int64_t counted = 0;
   std::vector<const void*> packed;  // a parameter listed twice (tied weights) is packed, and stepped, once
-  for (const auto& param_group : optimizer.param_groups()) {
+  const auto& param_groups = optimizer.param_groups();
+  for (std::size_t g = 0; g < first_group && g < param_groups.size(); ++g)  // laid out already
+    for (const at::Tensor& p : param_groups[g].params())
+      if (p.requires_grad()) packed.push_back(p.unsafeGetTensorImpl());
+  for (std::size_t g = first_group; g < param_groups.size(); ++g) {
+    const auto& param_group = param_groups[g];
     Group& group = plan.groups.emplace_back();
     std::vector<std::vector<at::Tensor>> units;  // this group's, in order of first appearance
     for (const at::Tensor& p : param_group.params()) {
@@ -163,11 +168,82 @@ OptimizerShard::OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& opt
                                 "was loaded into it) before fit set it up; let fit create it in configure_optimizers, "
                                 "and resume with FitOptions::ckpt_path.");
   optimizer.state().clear();
-  const std::int64_t world = group.size(), rank = group.rank();
-  const ShardPlan plan = ShardPlan::of(optimizer, group.size(), layout);
+  lay_out(ShardPlan::of(optimizer, group.size(), layout), 0, adagrad, materialize_on);
+}
+
+bool OptimizerShard::adds_groups() const {
+  const auto& groups = optimizer_->param_groups();
+  if (groups.size() < swapped_params_.size())
+    throw MisconfigurationError("fulgur: ShardedStrategy: the optimizer has " + std::to_string(groups.size()) +
+                                " param groups, but had " + std::to_string(swapped_params_.size()) +
+                                " when the strategy laid it out; param groups may be added during fit, not removed.");
+  return groups.size() > swapped_params_.size();
+}
+
+void OptimizerShard::lay_out_added_groups() {
+  const std::size_t first = swapped_params_.size();
+  if (shard_parameters_ || !layout_.bucket_params.empty())
+    throw MisconfigurationError("fulgur: ShardedStrategy<3> cannot take a param group added during fit (its "
+                                "parameters are sharded in wrapped units laid out at set-up); add every group in "
+                                "configure_optimizers, or use ShardedStrategy<2>.");
+  const ShardPlan plan = ShardPlan::of(*optimizer_, group_.size(), layout_, {}, first);
+  // Every rank must add the same parameters at the same step, or the buckets laid out next would pair
+  // other parameters' gradients and weights across the ranks. One collective, only when groups are
+  // added: their count, and the added parameters' count and sizes, hashed (max of (x, -x) gives the
+  // maximum and minus the minimum at once).
+  std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a
+  const auto mix = [&](std::int64_t value) {
+    for (std::size_t i = 0; i < sizeof value; ++i)
+      hash = (hash ^ static_cast<std::uint64_t>((value >> (8 * i)) & 0xff)) * 1099511628211ULL;
+  };
+  std::int64_t added = 0;
+  for (const auto& g : plan.groups)
+    for (const auto& unit : g.units)
+      for (const auto& bucket : unit.buckets)
+        for (const auto& slot : bucket.slots) {
+          mix(slot.param.numel());
+          ++added;
+        }
+  const auto groups = static_cast<std::int64_t>(optimizer_->param_groups().size());
+  const auto key = static_cast<std::int64_t>(hash >> 2);
+  if (group_.size() > 1) {
+    const std::vector<std::int64_t> mine{groups, -groups, added, -added, key, -key};
+    const at::Tensor agreement = at::tensor(mine, at::TensorOptions().dtype(at::kLong)).to(unit_device(plan));
+    group_.all_reduce(agreement, ReduceOp::max);
+    const at::Tensor values = agreement.cpu();
+    const std::int64_t* v = values.data_ptr<std::int64_t>();
+    if (v[0] != -v[1] || v[2] != -v[3] || v[4] != -v[5])
+      throw DistributedError("fulgur: ShardedStrategy: a param group was added to the optimizer on rank " +
+                             std::to_string(group_.rank()) + " (now " + std::to_string(groups) + " groups, " +
+                             std::to_string(added) + " trainable parameters added) but not in the same way on every "
+                             "rank (" + std::to_string(-v[1]) + " to " + std::to_string(v[0]) + " groups, " +
+                             std::to_string(-v[3]) + " to " + std::to_string(v[2]) + " parameters added); add param "
+                             "groups on every rank at the same step (as BackboneFinetuning does, at an epoch's "
+                             "start).");
+  }
+  lay_out(plan, first, dynamic_cast<torch::optim::Adagrad*>(optimizer_) != nullptr, std::nullopt);
+}
+
+const at::Tensor* OptimizerShard::unfrozen() const {
+  for (const at::Tensor& p : frozen_)
+    if (p.requires_grad()) return &p;
+  return nullptr;
+}
+
+c10::Device OptimizerShard::unit_device(const ShardPlan& plan) const {
+  for (const auto& g : plan.groups)
+    for (const auto& unit : g.units) return unit.buckets.front().slots.front().param.device();
+  return units_.empty() ? c10::Device(c10::kCPU) : units_.front()->shard_grad.device();
+}
+
+void OptimizerShard::lay_out(const ShardPlan& plan, std::size_t first_group, bool adagrad,
+                             std::optional<c10::Device> materialize_on) {
+  torch::optim::Optimizer& optimizer = *optimizer_;
+  const bool shard_parameters = shard_parameters_;
+  const std::int64_t world = group_.size(), rank = group_.rank();
   at::NoGradGuard no_grad;
   for (std::size_t g = 0; g < plan.groups.size(); ++g) {
-    const auto& param_group = optimizer.param_groups()[g];
+    const auto& param_group = optimizer.param_groups()[first_group + g];
     std::vector<at::Tensor> shards;
     for (const ShardPlan::Unit& planned : plan.groups[g].units) {
       auto unit = std::make_unique<Unit>();
@@ -238,6 +314,7 @@ OptimizerShard::OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& opt
       units_.push_back(std::move(unit));
     }
     shards.insert(shards.end(), plan.groups[g].frozen.begin(), plan.groups[g].frozen.end());
+    frozen_.insert(frozen_.end(), plan.groups[g].frozen.begin(), plan.groups[g].frozen.end());
     swapped_params_.push_back(std::move(shards));
   }
 }
@@ -249,7 +326,8 @@ OptimizerShard::ShardView::ShardView(OptimizerShard& shard) : shard_(shard) {
   if (groups.size() != shard_.swapped_params_.size())
     throw MisconfigurationError("fulgur: ShardedStrategy: the optimizer has " + std::to_string(groups.size()) +
                                 " param groups, but had " + std::to_string(shard_.swapped_params_.size()) +
-                                " when the strategy set it up; add param groups before fit (in configure_optimizers).");
+                                " when the strategy laid it out last (fulgur internal error: the strategy lays "
+                                "added groups out before it uses the shards).");
   for (std::size_t g = 0; g < groups.size(); ++g) groups[g].params().swap(shard_.swapped_params_[g]);
 }
 

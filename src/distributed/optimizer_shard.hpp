@@ -67,10 +67,13 @@ struct ShardPlan {
   };
   std::vector<Group> groups;
 
+  /// `first_group`: the plan of the groups from there on only (those before it laid out already: a
+  /// parameter of theirs is not packed again). A plan is its groups' plans one after the other.
   /// `wrap_unit`, when given, cuts a bucket wherever the next parameter's wrapped submodule differs
   /// (stage 3), whatever layout says; bucket_params() then describes that cut for a later plan.
   static ShardPlan of(const torch::optim::Optimizer& optimizer, int world, const ShardLayout& layout,
-                      const std::function<std::int64_t(const at::Tensor&)>& wrap_unit = {});
+                      const std::function<std::int64_t(const at::Tensor&)>& wrap_unit = {},
+                      std::size_t first_group = 0);
   /// The parameters in each bucket, in layout order (ShardLayout::bucket_params).
   std::vector<std::int64_t> bucket_params() const;
 };
@@ -106,6 +109,18 @@ class OptimizerShard {
   const torch::optim::Optimizer* optimizer() const { return optimizer_; }
   /// The layout it was made with (recorded in its checkpoints).
   const ShardLayout& layout() const { return layout_; }
+
+  /// Whether param groups were added to the optimizer since it was laid out (BaseFinetuning's
+  /// unfreeze_and_add_param_group): a size comparison, for the strategy to check before it uses the shard.
+  bool adds_groups() const;
+  /// The added groups laid out after the others, as if the optimizer had had them at set-up: their
+  /// parameters moved into new flat buffers, this rank's shard of them stepped here (stages 1 and 2;
+  /// stage 3 refuses). Every rank must call it at the same point with the same groups: one collective
+  /// checks that they agree (DistributedError otherwise). The stage-2 reducer is to be built again.
+  void lay_out_added_groups();
+  /// A parameter of the optimizer that was frozen when it was laid out (never packed) and requires
+  /// grad now, or null: a flag read per such parameter.
+  const at::Tensor* unfrozen() const;
 
   /// While alive, the optimizer's param groups hold the shards (and the group's frozen parameters,
   /// which it leaves alone as before).
@@ -170,6 +185,9 @@ class OptimizerShard {
  private:
   struct Unit;
   bool keep_written(Bucket& bucket);  // this rank's chunk back into the shard if written while whole
+  /// The plan's groups (from first_group on in the optimizer) packed into units, buckets and shards.
+  void lay_out(const ShardPlan& plan, std::size_t first_group, bool adagrad, std::optional<c10::Device> materialize_on);
+  c10::Device unit_device(const ShardPlan& plan) const;  // where the agreement collective runs
   ProcessGroup& group_;
   torch::optim::Optimizer* optimizer_;
   std::vector<std::unique_ptr<Unit>> units_;
@@ -178,6 +196,7 @@ class OptimizerShard {
   // Per param group: its shards, then its frozen parameters. A ShardView swaps each with the group's
   // own list (no allocation), and back.
   std::vector<std::vector<at::Tensor>> swapped_params_;
+  std::vector<at::Tensor> frozen_;  // the groups' parameters frozen when laid out: never packed
   bool shard_parameters_ = false;
   ShardLayout layout_;
 };

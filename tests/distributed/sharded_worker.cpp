@@ -595,6 +595,170 @@ void checkpoints(const std::string& dir) {
   }
 }
 
+// BackboneFinetuning under ShardedStrategy<1> and <2>: fc1 (the backbone) frozen at set-up, so outside
+// the optimizer's layout, and added as a param group at epoch 1's start. The strategy lays the group out
+// at its next backward (stage 2) or step (stage 1), so its optimizer state and gradients are sharded as
+// the others': the fit ends with DDP's weights (within tolerance<Stage>: bit for bit on 2 ranks), and
+// fits resumed from sharded checkpoints written after the unfreeze (its optimizer state holds the
+// group) and before it (the unfreeze happens again at epoch 1) end bit-identical to the straight one.
+struct TrainableOnlyNetImpl : NetImpl {
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {  // the backbone is frozen now
+    std::vector<at::Tensor> trainable;
+    for (auto& p : parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    return std::make_unique<torch::optim::AdamW>(trainable, torch::optim::AdamWOptions(0.01).weight_decay(0.05));
+  }
+};
+TORCH_MODULE(TrainableOnlyNet);
+
+struct BackboneWeights {  // fc1.weight at each epoch's end
+  std::map<std::int64_t, at::Tensor> at_end;
+  void on_train_epoch_end(TrainerView& trainer, torch::nn::Module& module) {
+    at_end[trainer.current_epoch()] = module.named_parameters()["fc1.weight"].detach().clone();
+  }
+};
+
+struct SaveInEpochs {  // a checkpoint at each (epoch, batch) given
+  std::vector<std::tuple<std::int64_t, std::int64_t, std::string>> at;
+  void on_train_batch_end(TrainerView& trainer) {
+    for (const auto& [epoch, batch, path] : at)
+      if (trainer.current_epoch() == epoch && trainer.batch_idx() == batch) trainer.save_checkpoint(path);
+  }
+};
+
+struct BackboneRun {
+  std::vector<at::Tensor> params;
+  std::map<std::int64_t, at::Tensor> backbone;
+  std::int64_t optimizer_elements = 0;  // the elements the optimizer's layout holds (sharded runs)
+};
+
+template <class S>
+BackboneRun backbone_fit(const typename S::options_type& o, SaveInEpochs save = {}, const std::string& resume = "",
+                         std::int64_t unfreeze_at = 1) {
+  auto [x, y] = dataset(32 * world_from_environment());  // 4 batches a rank, an epoch
+  torch::manual_seed(3);
+  TrainableOnlyNet model;
+  Trainer<CPUAccelerator, S, FloatPrecision, BackboneFinetuning, BackboneWeights, SaveInEpochs> trainer(
+      config({.max_epochs = 3}), o, BackboneFinetuning({.unfreeze_backbone_at_epoch = unfreeze_at, .backbone = "fc1"}),
+      BackboneWeights{}, std::move(save));
+  my_rank = trainer.global_rank();
+  data::TensorLoader loader(x, y, {.batch_size = 8, .shuffle = true, .seed = 9});
+  trainer.fit(model, loader, FitOptions{.ckpt_path = resume});
+  BackboneRun run{{}, trainer.template callback<BackboneWeights>().at_end, 0};
+  for (const auto& p : model->parameters()) run.params.push_back(p.detach().clone());
+  if constexpr (requires { trainer.strategy().optimizer_shards(); })
+    for (const auto& shard : trainer.strategy().optimizer_shards()) run.optimizer_elements += shard->full_numel();
+  trainer.barrier();  // the checkpoints are written before any rank resumes from them
+  return run;
+}
+
+template <int Stage>
+void backbone_finetuning(const std::string& dir) {
+  torch::manual_seed(3);
+  const at::Tensor initial = TrainableOnlyNet()->fc1->weight.detach().clone();
+  DDPOptions small = options();  // fc1's 297 weights span several buckets (DDP's too: the same 3-rank sums)
+  small.bucket_bytes = 512;
+  small.first_bucket_bytes = 256;
+  const std::string ddp_after = dir + "/backbone_ddp_after.ckpt";
+  const BackboneRun ddp = backbone_fit<DDP>(small, SaveInEpochs{{{2, 1, ddp_after}}});
+  const std::string after = dir + "/backbone_after.ckpt", before = dir + "/backbone_before.ckpt";
+  const BackboneRun straight = backbone_fit<Zero<Stage>>(small, SaveInEpochs{{{2, 1, after}, {0, 2, before}}});
+  check(torch::equal(straight.backbone.at(0), initial), "the backbone is frozen in epoch 0");
+  check(!torch::equal(straight.backbone.at(1), straight.backbone.at(0)) &&
+            !torch::equal(straight.backbone.at(2), straight.backbone.at(1)),
+        "the backbone trains from epoch 1");
+  check(straight.optimizer_elements == 467, "the backbone's group is laid out in the optimizer's shards: " +
+                                                std::to_string(straight.optimizer_elements) + " of 467 elements");
+  const double difference = max_difference(ddp.params, straight.params);
+  check(difference <= tolerance<Stage>(false), "BackboneFinetuning under ShardedStrategy<" + std::to_string(Stage) +
+                                                   "> ends with DDP's weights: max difference " +
+                                                   std::to_string(difference));
+  for (const auto& [name, path] : {std::pair<std::string, std::string>{"after", after}, {"before", before}}) {
+    const BackboneRun resumed = backbone_fit<Zero<Stage>>(small, {}, path);
+    check(max_difference(straight.params, resumed.params) == 0.0,
+          "the fit resumed from the checkpoint written " + name + " the unfreeze ends bit-identical to the straight "
+          "one: max difference " + std::to_string(max_difference(straight.params, resumed.params)));
+    if (name == "before")
+      check(torch::equal(resumed.backbone.at(0), initial) && !torch::equal(resumed.backbone.at(1), initial),
+            "resumed before the unfreeze: the backbone unfreezes again at epoch 1");
+  }
+  {  // DDP's whole optimizer state, the backbone's group in it, cut into this rank's shards
+    const double d = max_difference(ddp.params, backbone_fit<Zero<Stage>>(small, {}, ddp_after).params);
+    check(d <= tolerance<Stage>(false), "resumed under ShardedStrategy<" + std::to_string(Stage) + "> from DDP's "
+                                        "checkpoint written after the unfreeze: max difference " + std::to_string(d));
+  }
+  {  // unfrozen at epoch 0: the group is added before the first backward (stage 2's reducer not built yet)
+    const double d = max_difference(backbone_fit<DDP>(small, {}, "", 0).params,
+                                    backbone_fit<Zero<Stage>>(small, {}, "", 0).params);
+    check(d <= tolerance<Stage>(false), "unfrozen at epoch 0: DDP's weights, max difference " + std::to_string(d));
+  }
+  if (my_rank == 0)
+    std::cout << "backbone_finetuning<" << Stage << ">: max |sharded - ddp| = " << difference << std::endl;
+
+  // An optimizer over every parameter, the frozen backbone's too: the callback adds no group (Lightning's
+  // warning). Stage 1 steps the unfrozen backbone whole on every rank from its averaged gradients, as
+  // DDP; stage 2 would leave its gradients unreduced, and refuses at the unfreeze's first backward.
+  {
+    const auto fit_all = [&]<class S>(const typename S::options_type& o) {
+      auto [x, y] = dataset(32 * world_from_environment());
+      torch::manual_seed(3);
+      Net model;
+      Trainer<CPUAccelerator, S, FloatPrecision, BackboneFinetuning> trainer(
+          config({.max_epochs = 2}), o, BackboneFinetuning({.unfreeze_backbone_at_epoch = 1, .backbone = "fc1"}));
+      data::TensorLoader loader(x, y, {.batch_size = 8, .shuffle = true, .seed = 9});
+      trainer.fit(model, loader);
+      return model->parameters();
+    };
+    const auto whole = fit_all.template operator()<DDP>(small);
+    if constexpr (Stage == 1) {
+      const double d = max_difference(whole, fit_all.template operator()<Zero<Stage>>(small));
+      check(d == 0.0, "an optimizer over every parameter: stage 1 trains the unfrozen backbone as DDP does, "
+                      "max difference " + std::to_string(d));
+    } else {
+      std::string message;
+      try {
+        fit_all.template operator()<Zero<Stage>>(small);
+      } catch (const MisconfigurationError& e) {
+        message = e.what();
+      }
+      check(message.find("'fc1.weight' was frozen when the strategy laid its optimizer out and requires grad now") !=
+                std::string::npos,
+            "an optimizer over every parameter: the unfrozen backbone is refused under stage 2: " + message);
+    }
+  }
+
+  // The ranks add different groups (rank 0 fc1's weight and bias, the others its weight only): every
+  // rank stops with an error that says so, at the backward (stage 2) or step (stage 1) that lays them out.
+  {
+    torch::manual_seed(3);
+    Net model;
+    model->fc1->weight.set_requires_grad(false);
+    model->fc1->bias.set_requires_grad(false);
+    Trainer<CPUAccelerator, Zero<Stage>, FloatPrecision> trainer(config(), options());
+    torch::optim::SGD optimizer(model->fc2->parameters(), 0.1);
+    trainer.setup(model, optimizer);
+    auto [x, y] = dataset(8);
+    trainer.backward(model->training_step({x, y}, 0));
+    trainer.optimizer_step(optimizer);
+    model->fc1->weight.set_requires_grad(true);
+    model->fc1->bias.set_requires_grad(true);
+    std::vector<at::Tensor> added{model->fc1->weight};
+    if (my_rank == 0) added.push_back(model->fc1->bias);
+    optimizer.add_param_group(torch::optim::OptimizerParamGroup(added, optimizer.defaults().clone()));
+    std::string message;
+    try {
+      trainer.backward(model->training_step({x, y}, 1));
+      trainer.optimizer_step(optimizer);
+    } catch (const DistributedError& e) {
+      message = e.what();
+    }
+    check(message.find("a param group was added to the optimizer on rank " + std::to_string(my_rank)) !=
+                  std::string::npos &&
+              message.find("but not in the same way on every rank") != std::string::npos,
+          "param groups added differently on the ranks are an error, got: " + message);
+  }
+}
+
 // ---- another world size (tests/distributed/reshard.sh: written on W ranks, read on W') ---------
 
 template <class S>
@@ -1408,8 +1572,7 @@ void fault3() {
 }
 
 // GradientAccumulationScheduler on sharded ranks: a schedule {0: 2} trains as accumulate_grad_batches
-// = 2, bit for bit, and {1: 4} steps 8 then 2 times; BackboneFinetuning is refused with Lightning's
-// DeepSpeed message (the stages are named after DeepSpeed's).
+// = 2, bit for bit, and {1: 4} steps 8 then 2 times; BackboneFinetuning is refused under stage 3.
 struct StepsPerEpoch {
   std::map<std::int64_t, int> steps;
   void on_before_optimizer_step(TrainerView& trainer) { ++steps[trainer.current_epoch()]; }
@@ -1445,21 +1608,22 @@ void accumulation_schedule() {
     const auto& steps = trainer.template callback<StepsPerEpoch>().steps;
     check(steps.at(0) == 8 && steps.at(1) == 2, "steps per epoch 8, then 2");
   }
-  {
-    Trainer<CPUAccelerator, Zero<Stage>, FloatPrecision, BackboneFinetuning> trainer(
-        config({.max_epochs = 1}), options(), BackboneFinetuning({.backbone = "fc1"}));
+  {  // stage 3 keeps its refusal (stages 1 and 2 take the backbone's group: backbone_finetuning)
+    Trainer<CPUAccelerator, Zero<3>, FloatPrecision, BackboneFinetuning> trainer(
+        config({.max_epochs = 1}), fsdp({}), BackboneFinetuning({.backbone = "fc1"}));
     std::string message;
     try {
       fit(trainer);
     } catch (const MisconfigurationError& e) {
       message = e.what();
     }
-    check(message.find("The Finetuning callback does not support running with the DeepSpeed strategy.") != std::string::npos,
-          "BackboneFinetuning is refused on the sharded stages: " + message);
+    check(message.find("BackboneFinetuning cannot run under ShardedStrategy<3>") != std::string::npos &&
+              message.find("use ShardedStrategy<2>") != std::string::npos,
+          "BackboneFinetuning is refused under ShardedStrategy<3>: " + message);
   }
 }
 
-/// TrainerConfig::detect_anomaly: an infinite gradient of fc2.bias made on the last rank only, at
+// TrainerConfig::detect_anomaly: an infinite gradient of fc2.bias made on the last rank only, at
 /// global step 1, stops every rank with the parameter named. Stages 2 and 3 keep no gradient on the
 /// module: each rank checks its shard (fc2.bias lies in the last rank's), and the ranks agree.
 struct PoisonedNetImpl : NetImpl {
@@ -1499,7 +1663,10 @@ bool dispatch(const std::string& scenario, int argc, char** argv) {
     overflow<Stage>();
     detect_anomaly<Zero<Stage>>(options());
   }
-  else if (scenario == "checkpoints" && argc > 2) checkpoints<Stage>(argv[2]);
+  else if (scenario == "checkpoints" && argc > 2) {
+    checkpoints<Stage>(argv[2]);
+    backbone_finetuning<Stage>(argv[2]);
+  }
   else if (scenario == "refusals") refusals<Stage>();
   else if (scenario == "accumulation_schedule") accumulation_schedule<Stage>();
   else return false;

@@ -12,6 +12,7 @@
 #include "src/strategies/sharded/state.hpp"
 
 #include <algorithm>
+#include <string>
 #include <functional>
 #include <mutex>
 #include <unordered_map>
@@ -137,7 +138,30 @@ ShardedGradientReducer& GradientSharding::sharded_reducer() {
 
 const ShardedGradientReducer* GradientSharding::reducer() const { return gradients_->reducer.get(); }
 
-void GradientSharding::begin_backward() { sharded_reducer().prepare_for_backward(); }
+void GradientSharding::begin_backward() {
+  // A param group added since the reducer was built (BackboneFinetuning's unfreeze at an epoch's
+  // start) is laid out now, and the reducer built again over the new buckets, before any gradient
+  // of its parameters arrives. Without added groups: a size comparison per optimizer.
+  std::size_t buckets = 0;
+  for (const auto& shard : shards()) {
+    if (shard->adds_groups()) shard->lay_out_added_groups();
+    buckets += shard->buckets().size();
+    if (const at::Tensor* p = shard->unfrozen()) {
+      std::string name = "(a parameter outside the module)";
+      for (const auto& [n, q] : gradients_->named_parameters)
+        if (q.unsafeGetTensorImpl() == p->unsafeGetTensorImpl()) name = n;
+      const std::string stage = shard->shards_parameters() ? "3" : "2";
+      throw MisconfigurationError("fulgur: ShardedStrategy<" + stage + ">: '" + name + "' was frozen when the "
+                                  "strategy laid its optimizer out and requires grad now; its gradient would not be "
+                                  "reduced "
+                                  "across the ranks. Give the optimizer the trainable parameters only (as "
+                                  "BackboneFinetuning expects: the unfrozen ones then come as a new param group), "
+                                  "or use ShardedStrategy<1> or DDPStrategy.");
+    }
+  }
+  if (gradients_->reducer && gradients_->reducer->bucket_count() != buckets) gradients_->reducer.reset();
+  sharded_reducer().prepare_for_backward();
+}
 void GradientSharding::end_backward() { sharded_reducer().finalize_backward(); }
 void GradientSharding::abandon_backward() noexcept {
   if (gradients_->reducer) gradients_->reducer->abandon_backward();

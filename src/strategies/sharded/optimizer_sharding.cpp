@@ -27,8 +27,13 @@ DataParallel& OptimizerSharding::ddp() { return state_->ddp; }
 void OptimizerSharding::reset() { state_->shards.clear(); }
 
 OptimizerShard& OptimizerSharding::shard_of(const torch::optim::Optimizer& optimizer) {
-  for (auto& shard : state_->shards)
-    if (shard->optimizer() == &optimizer) return *shard;
+  for (auto& shard : state_->shards) {
+    if (shard->optimizer() != &optimizer) continue;
+    // A param group added during fit (BackboneFinetuning's unfreeze) is laid out at the shard's next
+    // use, on every rank alike; the check is a size comparison.
+    if (shard->adds_groups()) shard->lay_out_added_groups();
+    return *shard;
+  }
   throw MisconfigurationError("fulgur: ShardedStrategy: this optimizer was not set up by the strategy; return it "
                               "from configure_optimizers (or pass it to setup/setup_optimizers).");
 }
