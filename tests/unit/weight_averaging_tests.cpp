@@ -520,6 +520,7 @@ TEST_CASE("StochasticWeightAveraging recomputes batch-norm statistics itself wit
     std::optional<double> momentum;
     std::int64_t forward_only_steps = 0;
     bool trained_in_pass = false;
+    Tensors saved_statistics;  // running_mean, running_var in the checkpoint written at the end
   };
   auto run = [&](bool with_option) {
     torch::manual_seed(8);
@@ -537,19 +538,17 @@ TEST_CASE("StochasticWeightAveraging recomputes batch-norm statistics itself wit
     };
     TrainerConfig config = test::quiet({.max_epochs = 4, .default_root_dir = dir});
     if (limit >= 0) config.limit_train_batches = limit;
-    StochasticWeightAveragingOptions options{.swa_lrs = {0.05}, .swa_epoch_start = std::int64_t{2}, .annealing_epochs = 1};
+    StochasticWeightAveragingOptions options{
+        .swa_lrs = {0.05}, .swa_epoch_start = std::int64_t{2}, .annealing_epochs = 1};
     if (with_option) options.update_bn = recompute;
     Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, EvalAtTrainEnd, StochasticWeightAveraging,
             SaveAtTrainEnd>
         trainer(config, EvalAtTrainEnd{}, StochasticWeightAveraging(options), SaveAtTrainEnd{dir + "/end.ckpt"});
     trainer.fit(net, train, val);
-    if (!with_option) {  // the checkpoint written at the end holds the recomputed statistics
-      const StateDict weights(checkpoint::load(dir + "/end.ckpt").at("state_dict").toGenericDict());
-      CHECK(test::identical(weights.at("bn.running_mean").toTensor(), net->bn->running_mean));
-      CHECK(test::identical(weights.at("bn.running_var").toTensor(), net->bn->running_var));
-    }
+    const StateDict weights(checkpoint::load(dir + "/end.ckpt").at("state_dict").toGenericDict());
     return Run{module_tensors(*net), net->is_training(), net->bn->options.momentum(), net->forward_only_steps,
-               net->trained_in_pass};
+               net->trained_in_pass,
+               {weights.at("bn.running_mean").toTensor(), weights.at("bn.running_var").toTensor()}};
   };
   const Run option = run(true);
   const Run own = run(false);
@@ -558,6 +557,9 @@ TEST_CASE("StochasticWeightAveraging recomputes batch-norm statistics itself wit
   CHECK(own.trained_in_pass);
   CHECK_FALSE(own.training);  // the mode the module had (EvalAtTrainEnd's) put back
   CHECK(own.momentum == 0.1);
+  // The checkpoint written at the end (after the pass) holds the recomputed statistics.
+  CHECK(test::identical(own.saved_statistics[0], option.saved_statistics[0]));
+  CHECK(test::identical(own.saved_statistics[1], option.saved_statistics[1]));
   // Parameters (the average) and buffers (the statistics, num_batches_tracked) equal the option's,
   // which the first SWA test checks against torch's update_bn.
   REQUIRE(own.tensors.size() == option.tensors.size());
