@@ -630,3 +630,20 @@ TEST_CASE("StochasticWeightAveraging's batch-norm pass: no loss, manual optimiza
                                "training epoch"));
   }
 }
+
+TEST_CASE("StochasticWeightAveraging's batch-norm pass converts the batches as training does (double precision)",
+          "[weight_averaging][swa_bn]") {
+  // A new user's run: DoublePrecision makes the module double; the pass must convert the float batches
+  // as training does (a forward on the raw batch would fail with a dtype mismatch).
+  torch::manual_seed(12);
+  ProbeNet net;
+  auto [train, val] = loaders();
+  Trainer<CPUAccelerator, SingleDeviceStrategy, DoublePrecision, StochasticWeightAveraging> trainer(
+      test::quiet({.max_epochs = 2}),
+      StochasticWeightAveraging({.swa_lrs = {0.05}, .swa_epoch_start = std::int64_t{1}, .annealing_epochs = 1}));
+  trainer.fit(net, train, val);
+  CHECK(net->forward_only_steps == 8);
+  CHECK(net->bn->running_mean.scalar_type() == at::kDouble);
+  CHECK(net->bn->num_batches_tracked.item<std::int64_t>() == 8);
+  CHECK(torch::isfinite(net->bn->running_var).all().item<bool>());
+}
