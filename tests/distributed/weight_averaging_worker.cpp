@@ -161,8 +161,9 @@ TORCH_MODULE(BatchNormNet);
 
 /// SWA on a batch-norm module without the update_bn option: the callback's own pass over each rank's
 /// shard gives each rank fulgur::update_bn's statistics over that shard (per-rank, no SyncBatchNorm).
-void swa_batch_norm() {
-  Trainer<CPUAccelerator, DDP, FloatPrecision, StochasticWeightAveraging> trainer(
+template <class S>
+void swa_batch_norm(const std::string& name) {
+  Trainer<CPUAccelerator, S, FloatPrecision, StochasticWeightAveraging> trainer(
       config(), worker::options(),
       StochasticWeightAveraging({.swa_lrs = {0.05}, .swa_epoch_start = std::int64_t{2}, .annealing_epochs = 1}));
   my_rank = trainer.global_rank();
@@ -173,15 +174,15 @@ void swa_batch_norm() {
   trainer.fit(net, train);
   const Tensors recomputed{net->bn->running_mean.clone(), net->bn->running_var.clone(),
                            net->bn->num_batches_tracked.clone()};
-  check(net->bn->num_batches_tracked.item<std::int64_t>() == 4, "swa bn: the pass ran this rank's 4 batches");
-  check(net->bn->options.momentum() == 0.1 && net->is_training(), "swa bn: momentum and mode put back");
+  check(net->bn->num_batches_tracked.item<std::int64_t>() == 4, name + ": the pass ran this rank's 4 batches");
+  check(net->bn->options.momentum() == 0.1 && net->is_training(), name + ": momentum and mode put back");
   data::TensorLoader mine(x, y, {.batch_size = 8});
   mine.shard(trainer.global_rank(), trainer.world_size());
   update_bn(mine, *net, [&](const data::Batch& b) { net->forward(b.input); });
   check(torch::equal(recomputed[0], net->bn->running_mean) && torch::equal(recomputed[1], net->bn->running_var),
-        "swa bn: the statistics are update_bn's over this rank's shard, bit for bit");
-  const bool as_rank_0 = same_on_every_rank(trainer, {recomputed[0]}, "swa_bn");  // every rank takes part
-  check(my_rank == 0 || !as_rank_0, "swa bn: rank 1's statistics (its shard's) differ from rank 0's");
+        name + ": the statistics are update_bn's over this rank's shard, bit for bit");
+  const bool as_rank_0 = same_on_every_rank(trainer, {recomputed[0]}, "swa_bn_" + std::to_string(name.size()));  // every rank takes part
+  check(my_rank == 0 || !as_rank_0, name + ": rank 1's statistics (its shard's) differ from rank 0's");
 }
 
 template <class Callback>
@@ -210,9 +211,10 @@ int main(int argc, char** argv) {
                        if (scenario == "ddp") {
                          ema<DDP>("ema ddp");
                          swa();
-                         swa_batch_norm();
+                         swa_batch_norm<DDP>("swa bn ddp");
                        } else if (scenario == "sharded2") {
                          ema<Zero<2>>("ema sharded2");
+                         swa_batch_norm<Zero<2>>("swa bn sharded2");
                        } else if (scenario == "sharded3") {
                          refused_by_stage3(EMAWeightAveraging(), "EMAWeightAveraging does not support ShardedStrategy<3>");
                          refused_by_stage3(StochasticWeightAveraging({.swa_lrs = {0.1}}),
