@@ -1,7 +1,8 @@
 #pragma once
 // fulgur::update_bn: torch.optim.swa_utils.update_bn — the batch-norm layers' running statistics
-// recomputed by one pass over data: each BatchNorm{1,2,3}d's statistics reset, its momentum set to
-// none (a cumulative average over the pass), the module in training mode, `forward(batch)` called
+// recomputed by one pass over data: each BatchNorm{1,2,3}d's and nn::SyncBatchNorm's (Python's
+// _BatchNorm subclasses) statistics reset, its momentum set to none (a cumulative average over the
+// pass), the module in training mode, `forward(batch)` called
 // on every batch of `loader` without gradients, then the momenta and the mode put back. Python
 // calls model(batch[0]); here `forward` says what runs the module on a batch.
 #include <torch/nn/module.h>
@@ -29,7 +30,8 @@ class BatchNormPass {
   std::unique_ptr<Layers> layers_;
 };
 
-/// Whether the module has a BatchNorm{1,2,3}d layer (Lightning's pl_module_contains_batch_norm).
+/// Whether the module has a BatchNorm{1,2,3}d or SyncBatchNorm layer (Lightning's
+/// pl_module_contains_batch_norm: a _BatchNorm).
 bool contains_batch_norm(const torch::nn::Module& module);
 
 }  // namespace detail

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "fulgur/callbacks/weight_averaging.hpp"
+#include "fulgur/nn/sync_batchnorm.hpp"
 #include "fulgur/optim/swalr.hpp"
 #include "fulgur/update_bn.hpp"
 #include "src/callbacks/policy_names.hpp"
@@ -48,11 +49,6 @@ void StochasticWeightAveraging::on_fit_start(TrainerView& trainer, torch::nn::Mo
   } else {
     start_epoch_ = std::get<std::int64_t>(options_.swa_epoch_start);
   }
-  if (detail::contains_batch_norm(module) && !options_.update_bn)
-    throw MisconfigurationError(
-        "StochasticWeightAveraging: the module has batch-norm layers, whose statistics must be recomputed for the "
-        "averaged weights (Lightning runs an extra epoch of forward passes for it); give the `update_bn` option, e.g. "
-        "[&](torch::nn::Module& m) { fulgur::update_bn(train_loader, m, [&](auto& batch) { net->forward(batch.input); }); }.");
   // Lightning deep-copies the module at setup: the average starts as the module's weights (those of a
   // resumed checkpoint's average, loaded below).
   at::NoGradGuard no_grad;
@@ -145,7 +141,30 @@ void StochasticWeightAveraging::on_train_end(TrainerView& trainer, torch::nn::Mo
     const std::vector<at::Tensor> params = module.parameters();
     for (std::size_t i = 0; i < params.size(); ++i) params[i].detach().copy_(average_[i].to(params[i].device()));
   }
-  if (detail::contains_batch_norm(module)) options_.update_bn(module);
+  if (!detail::contains_batch_norm(module)) return;
+  if (options_.update_bn) return options_.update_bn(module);
+  recompute_batch_norm(trainer, module);
+}
+
+void StochasticWeightAveraging::recompute_batch_norm(TrainerView& trainer, torch::nn::Module& module) {
+  // fulgur::update_bn with training_step as the forward: the statistics reset, momenta none, train
+  // mode, one pass without gradients; momenta and mode put back however the pass ends.
+  detail::BatchNormPass pass(module);
+  const std::string what = "StochasticWeightAveraging: recomputing the batch-norm statistics of the averaged weights "
+                           "(a forward-only pass of training_step over the training data) failed: ";
+  try {
+    trainer.forward_training_pass("StochasticWeightAveraging");
+  } catch (const Interrupted&) {
+    throw;
+  } catch (const StepError& e) {
+    throw StepError(what + e.what());
+  } catch (const DataError& e) {
+    throw DataError(what + e.what());
+  } catch (const MisconfigurationError& e) {
+    throw MisconfigurationError(what + e.what());
+  } catch (const std::exception& e) {
+    throw Error(what + e.what());
+  }
 }
 
 void StochasticWeightAveraging::on_load_checkpoint(TrainerView& trainer, torch::nn::Module&, const StateDict& checkpoint) {
@@ -189,13 +208,15 @@ namespace detail {
 
 namespace {
 
-/// f(layer) for each BatchNorm{1,2,3}d of the module (itself included).
+/// f(layer) for each BatchNorm{1,2,3}d and SyncBatchNorm of the module (itself included): Python's
+/// _BatchNorm subclasses, which update_bn and Lightning's SWA look for.
 template <class F>
 void for_each_batch_norm(const torch::nn::Module& module, F&& f) {
   for (const auto& child : module.modules(/*include_self=*/true)) {
     if (auto* bn = dynamic_cast<torch::nn::BatchNorm1dImpl*>(child.get())) f(*bn);
     else if (auto* bn2 = dynamic_cast<torch::nn::BatchNorm2dImpl*>(child.get())) f(*bn2);
     else if (auto* bn3 = dynamic_cast<torch::nn::BatchNorm3dImpl*>(child.get())) f(*bn3);
+    else if (auto* sync = dynamic_cast<nn::SyncBatchNormImpl*>(child.get())) f(*sync);
   }
 }
 

@@ -46,6 +46,14 @@ std::string TrainerView::completed_step_text() const {
   return fit != nullptr && ctx_->stage == Stage::fit ? fit->completed_step_text() : std::string();
 }
 
+std::int64_t TrainerView::forward_training_pass(const std::string& who) {
+  loops::FitState* fit = host_ != nullptr ? host_->fit() : nullptr;
+  if (fit == nullptr || ctx_->stage != Stage::fit)
+    throw MisconfigurationError("fulgur: " + who + ": a forward pass over the training data needs a fit under way; "
+                                "run it from fit's hooks (on_train_end, on_fit_end).");
+  return fit->forward_training_pass(who);
+}
+
 void TrainerView::remove_checkpoint(const std::string& path) {
   if (loops::FitState* fit = host_ != nullptr ? host_->fit() : nullptr) fit->request_removal(path);
 }

@@ -160,7 +160,20 @@ void FitState::close_epoch(EpochSummary& summary, bool completed, Schedulers& sc
   result_.epochs.push_back(summary);
 }
 
+std::int64_t FitState::forward_training_pass(const std::string& who) {
+  if (finished_ || optimizers_.empty())
+    throw MisconfigurationError("fulgur: " + who + ": a forward pass over the training data needs the fit under way "
+                                "(set up, not finished); run it from on_train_start, on_train_end or on_fit_end.");
+  if (progress_.in_epoch)
+    throw MisconfigurationError("fulgur: " + who + ": a forward pass over the training data cannot run inside a "
+                                "training epoch (epoch " + std::to_string(ctx_.current_epoch) +
+                                "), whose own pass over the loader is under way; run it from on_train_start, "
+                                "on_train_end or on_fit_end.");
+  return loop_link_.forward_training_pass();
+}
+
 FitResult FitState::finish() {
+  finished_ = true;
   result_.global_step = progress_.global_step;
   result_.skipped_optimizer_steps = skipped_total_;
   result_.metrics = views_.callback.to_host();

@@ -1,9 +1,11 @@
 // EMAWeightAveraging and StochasticWeightAveraging under DDPStrategy and ShardedStrategy<2> on 2
 // Gloo ranks (torchrun): every rank keeps the same average, the one the averaging rule gives on the
-// weights the rank trained (the module holds it after fit); ShardedStrategy<3> is refused.
+// weights the rank trained (the module holds it after fit); a batch-norm module gets each rank's
+// statistics recomputed over its shard; ShardedStrategy<3> is refused.
 #include <fulgur/callbacks/stochastic_weight_averaging.hpp>
 #include <fulgur/callbacks/weight_averaging.hpp>
 #include <fulgur/checkpoint/io.hpp>
+#include <fulgur/update_bn.hpp>
 
 #include "worker.hpp"
 
@@ -139,6 +141,50 @@ void swa() {
   check(same_on_every_rank(trainer, callback.average(), "swa"), "swa: every rank holds rank 0's average");
 }
 
+struct BatchNormNetImpl : torch::nn::Module {
+  BatchNormNetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 16))),
+        bn(register_module("bn", torch::nn::BatchNorm1d(16))),
+        fc2(register_module("fc2", torch::nn::Linear(16, 3))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc2(torch::relu(bn(fc1(x)))); }
+  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+    return torch::nn::functional::cross_entropy(forward(b.input), b.target);
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+  torch::nn::Linear fc1;
+  torch::nn::BatchNorm1d bn;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(BatchNormNet);
+
+/// SWA on a batch-norm module without the update_bn option: the callback's own pass over each rank's
+/// shard gives each rank fulgur::update_bn's statistics over that shard (per-rank, no SyncBatchNorm).
+template <class S>
+void swa_batch_norm(const std::string& name) {
+  Trainer<CPUAccelerator, S, FloatPrecision, StochasticWeightAveraging> trainer(
+      config(), worker::options(),
+      StochasticWeightAveraging({.swa_lrs = {0.05}, .swa_epoch_start = std::int64_t{2}, .annealing_epochs = 1}));
+  my_rank = trainer.global_rank();
+  torch::manual_seed(3);
+  BatchNormNet net;
+  auto [x, y] = dataset(64);
+  data::TensorLoader train(x, y, {.batch_size = 8});
+  trainer.fit(net, train);
+  const Tensors recomputed{net->bn->running_mean.clone(), net->bn->running_var.clone(),
+                           net->bn->num_batches_tracked.clone()};
+  check(net->bn->num_batches_tracked.item<std::int64_t>() == 4, name + ": the pass ran this rank's 4 batches");
+  check(net->bn->options.momentum() == 0.1 && net->is_training(), name + ": momentum and mode put back");
+  data::TensorLoader mine(x, y, {.batch_size = 8});
+  mine.shard(trainer.global_rank(), trainer.world_size());
+  update_bn(mine, *net, [&](const data::Batch& b) { net->forward(b.input); });
+  check(torch::equal(recomputed[0], net->bn->running_mean) && torch::equal(recomputed[1], net->bn->running_var),
+        name + ": the statistics are update_bn's over this rank's shard, bit for bit");
+  const bool as_rank_0 = same_on_every_rank(trainer, {recomputed[0]}, "swa_bn_" + std::to_string(name.size()));  // every rank takes part
+  check(my_rank == 0 || !as_rank_0, name + ": rank 1's statistics (its shard's) differ from rank 0's");
+}
+
 template <class Callback>
 void refused_by_stage3(Callback callback, const std::string& expected) {
   FSDPOptions fsdp;
@@ -165,8 +211,10 @@ int main(int argc, char** argv) {
                        if (scenario == "ddp") {
                          ema<DDP>("ema ddp");
                          swa();
+                         swa_batch_norm<DDP>("swa bn ddp");
                        } else if (scenario == "sharded2") {
                          ema<Zero<2>>("ema sharded2");
+                         swa_batch_norm<Zero<2>>("swa bn sharded2");
                        } else if (scenario == "sharded3") {
                          refused_by_stage3(EMAWeightAveraging(), "EMAWeightAveraging does not support ShardedStrategy<3>");
                          refused_by_stage3(StochasticWeightAveraging({.swa_lrs = {0.1}}),

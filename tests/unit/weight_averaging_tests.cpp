@@ -115,6 +115,48 @@ struct SaveAt {
   }
 };
 
+/// Net whose training_step counts the calls made without gradients (StochasticWeightAveraging's own
+/// batch-norm pass), notes the mode they ran in, logs, and fails in that pass when asked.
+struct ProbeNetImpl : NetImpl {
+  std::int64_t forward_only_steps = 0;
+  bool trained_in_pass = false;
+  bool fail_in_pass = false;
+  at::Tensor training_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
+    if (!torch::GradMode::is_enabled()) {
+      ++forward_only_steps;
+      trained_in_pass = is_training();
+      if (fail_in_pass) throw std::runtime_error("the probe's step failed");
+    }
+    at::Tensor loss = torch::nn::functional::cross_entropy(forward(b.input), b.target);
+    ctx.log("step_loss", loss);
+    return loss;
+  }
+};
+TORCH_MODULE(ProbeNet);
+
+/// Net under manual optimization, whose training_step returns nothing.
+struct ManualNetImpl : NetImpl {
+  static constexpr bool automatic_optimization = false;
+  void training_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
+    auto& opt = ctx.optimizer(0);
+    opt.zero_grad();
+    ctx.manual_backward(torch::nn::functional::cross_entropy(forward(b.input), b.target));
+    opt.step();
+  }
+};
+
+/// Puts the module in eval mode at on_train_end (listed before the averaging callback): its pass must
+/// put that mode back.
+struct EvalAtTrainEnd {
+  void on_train_end(TrainerView&, torch::nn::Module& m) { m.eval(); }
+};
+
+/// After the averaging callback at on_train_end: a checkpoint of the end of training.
+struct SaveAtTrainEnd {
+  std::string path;
+  void on_train_end(TrainerView& trainer, torch::nn::Module&) { trainer.save_checkpoint(path); }
+};
+
 const EMAWeightAveragingOptions ema_options{.decay = 0.9, .update_every_n_steps = 2, .update_starting_at_step = 3};
 
 }  // namespace
@@ -362,13 +404,6 @@ TEST_CASE("weight averaging refuses bad options with Lightning's and PyTorch's m
         "anneal_strategy must by one of 'cos' or 'linear', instead got exp");
   CHECK(message_of<MisconfigurationError>([] { StochasticWeightAveraging({.swa_lrs = {0.1}, .annealing_epochs = -1}); }) ==
         "anneal_epochs must be equal or greater than 0, got -1");
-  // A batch-norm module without a way to recompute its statistics.
-  Net net;
-  auto [train, val] = loaders();
-  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, StochasticWeightAveraging> trainer(
-      test::quiet({.max_epochs = 1}), StochasticWeightAveraging({.swa_lrs = {0.1}}));
-  CHECK_THAT(message_of<MisconfigurationError>([&] { trainer.fit(net, train); }),
-             Catch::Contains("give the `update_bn` option"));
 }
 
 TEST_CASE("StochasticWeightAveraging resumes exactly: before SWA, at an epoch's end, inside an SWA epoch",
@@ -471,4 +506,144 @@ TEST_CASE("weight averaging keeps the trained weights and says so when it has no
     CHECK_FALSE(torch::equal(net->parameters()[0].detach(), initial));  // not the starting weights put back
     CHECK(contains(result.warnings, "StochasticWeightAveraging never started"));
   }
+}
+
+TEST_CASE("StochasticWeightAveraging recomputes batch-norm statistics itself with training_step, as the update_bn "
+          "option does: bit for bit, mode and momenta put back, in the final checkpoint",
+          "[weight_averaging][swa_bn]") {
+  const std::int64_t limit = GENERATE(-1, 5);  // all 8 batches, limit_train_batches = 5
+  INFO("limit_train_batches " << limit);
+  const std::string dir = test::scratch_folder("swa_bn_pass");
+  struct Run {
+    Tensors tensors;
+    bool training = true;
+    std::optional<double> momentum;
+    std::int64_t forward_only_steps = 0;
+    bool trained_in_pass = false;
+    Tensors saved_statistics;  // running_mean, running_var in the checkpoint written at the end
+  };
+  auto run = [&](bool with_option) {
+    torch::manual_seed(8);
+    ProbeNet net;
+    auto [train, val] = loaders();
+    // The option path: fulgur::update_bn over the same batches (limit_train_batches of them).
+    auto recompute = [&](torch::nn::Module& m) {
+      fulgur::detail::BatchNormPass pass(m);
+      torch::NoGradGuard no_grad;
+      std::int64_t seen = 0;
+      for (auto&& batch : train) {
+        if (limit >= 0 && seen++ == limit) break;
+        net->forward(batch.input);
+      }
+    };
+    TrainerConfig config = test::quiet({.max_epochs = 4, .default_root_dir = dir});
+    if (limit >= 0) config.limit_train_batches = limit;
+    StochasticWeightAveragingOptions options{
+        .swa_lrs = {0.05}, .swa_epoch_start = std::int64_t{2}, .annealing_epochs = 1};
+    if (with_option) options.update_bn = recompute;
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, EvalAtTrainEnd, StochasticWeightAveraging,
+            SaveAtTrainEnd>
+        trainer(config, EvalAtTrainEnd{}, StochasticWeightAveraging(options), SaveAtTrainEnd{dir + "/end.ckpt"});
+    trainer.fit(net, train, val);
+    const StateDict weights(checkpoint::load(dir + "/end.ckpt").at("state_dict").toGenericDict());
+    return Run{module_tensors(*net), net->is_training(), net->bn->options.momentum(), net->forward_only_steps,
+               net->trained_in_pass,
+               {weights.at("bn.running_mean").toTensor(), weights.at("bn.running_var").toTensor()}};
+  };
+  const Run option = run(true);
+  const Run own = run(false);
+  CHECK(option.forward_only_steps == 0);
+  CHECK(own.forward_only_steps == (limit >= 0 ? limit : 8));  // one pass over the epoch's batches
+  CHECK(own.trained_in_pass);
+  CHECK_FALSE(own.training);  // the mode the module had (EvalAtTrainEnd's) put back
+  CHECK(own.momentum == 0.1);
+  // The checkpoint written at the end (after the pass) holds the recomputed statistics.
+  CHECK(test::identical(own.saved_statistics[0], option.saved_statistics[0]));
+  CHECK(test::identical(own.saved_statistics[1], option.saved_statistics[1]));
+  // Parameters (the average) and buffers (the statistics, num_batches_tracked) equal the option's,
+  // which the first SWA test checks against torch's update_bn.
+  REQUIRE(own.tensors.size() == option.tensors.size());
+  for (std::size_t i = 0; i < own.tensors.size(); ++i) {
+    INFO("tensor " << i);
+    CHECK(test::identical(own.tensors[i], option.tensors[i]));
+  }
+}
+
+TEST_CASE("StochasticWeightAveraging's batch-norm pass: no loss, manual optimization, a failure in it, SWA never "
+          "started, asked for inside an epoch",
+          "[weight_averaging][swa_bn][errors]") {
+  using test::message_of;
+  {  // Manual optimization with a training_step that returns nothing: its backward and step skipped in the pass.
+    torch::manual_seed(9);
+    auto net = std::make_shared<ManualNetImpl>();
+    auto [x, y] = test::classification_data(64, 3);
+    data::TensorLoader train(x, y, {.batch_size = 8});
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, StochasticWeightAveraging> trainer(
+        test::quiet({.max_epochs = 3}),
+        StochasticWeightAveraging({.swa_lrs = {0.05}, .swa_epoch_start = std::int64_t{2}, .annealing_epochs = 1}));
+    const auto result = trainer.fit(*net, train);
+    CHECK(result.global_step == 24);  // the pass took no optimizer step
+    const Tensors after = module_tensors(*net);
+    CHECK(net->bn->num_batches_tracked.item<std::int64_t>() == 8);
+    CHECK(test::identical(net->parameters()[0].detach(), trainer.callback<StochasticWeightAveraging>().average()[0]));
+    update_bn(train, *net, [&](const data::Batch& b) { net->forward(b.input); });
+    CHECK(same(module_tensors(*net), after));  // update_bn's statistics
+  }
+  {  // A failure inside the pass names it; the module's mode and the momenta are put back.
+    torch::manual_seed(10);
+    ProbeNet net;
+    net->fail_in_pass = true;
+    auto [train, val] = loaders();
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, EvalAtTrainEnd, StochasticWeightAveraging> trainer(
+        test::quiet({.max_epochs = 2}), EvalAtTrainEnd{},
+        StochasticWeightAveraging({.swa_lrs = {0.05}, .swa_epoch_start = std::int64_t{1}}));
+    const std::string message = message_of<Error>([&] { trainer.fit(net, train); });
+    CHECK_THAT(message, Catch::Contains("StochasticWeightAveraging: recomputing the batch-norm statistics of the "
+                                        "averaged weights (a forward-only pass of training_step"));
+    CHECK_THAT(message, Catch::Contains("the probe's step failed"));
+    CHECK(net->forward_only_steps == 1);
+    CHECK_FALSE(net->is_training());
+    CHECK(net->bn->options.momentum() == 0.1);
+  }
+  {  // SWA never started: no pass, the warning.
+    torch::manual_seed(11);
+    ProbeNet net;
+    auto [train, val] = loaders();
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, StochasticWeightAveraging> trainer(
+        test::quiet({.max_epochs = 2}),
+        StochasticWeightAveraging({.swa_lrs = {0.1}, .swa_epoch_start = std::int64_t{5}}));
+    const auto result = trainer.fit(net, train);
+    CHECK(net->forward_only_steps == 0);
+    CHECK(std::any_of(result.warnings.begin(), result.warnings.end(),
+                      [](const std::string& w) { return w.find("never started") != std::string::npos; }));
+  }
+  {  // The service refuses to run inside a training epoch (the epoch's own pass over the loader).
+    struct PassInEpoch {
+      void on_train_epoch_start(TrainerView& trainer) { trainer.forward_training_pass("PassInEpoch"); }
+    };
+    Net net;
+    auto [train, val] = loaders();
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, PassInEpoch> trainer(test::quiet({.max_epochs = 1}),
+                                                                                      PassInEpoch{});
+    CHECK_THAT(message_of<MisconfigurationError>([&] { trainer.fit(net, train); }),
+               Catch::Contains("PassInEpoch: a forward pass over the training data cannot run inside a "
+                               "training epoch"));
+  }
+}
+
+TEST_CASE("StochasticWeightAveraging's batch-norm pass converts the batches as training does (double precision)",
+          "[weight_averaging][swa_bn]") {
+  // A new user's run: DoublePrecision makes the module double; the pass must convert the float batches
+  // as training does (a forward on the raw batch would fail with a dtype mismatch).
+  torch::manual_seed(12);
+  ProbeNet net;
+  auto [train, val] = loaders();
+  Trainer<CPUAccelerator, SingleDeviceStrategy, DoublePrecision, StochasticWeightAveraging> trainer(
+      test::quiet({.max_epochs = 2}),
+      StochasticWeightAveraging({.swa_lrs = {0.05}, .swa_epoch_start = std::int64_t{1}, .annealing_epochs = 1}));
+  trainer.fit(net, train, val);
+  CHECK(net->forward_only_steps == 8);
+  CHECK(net->bn->running_mean.scalar_type() == at::kDouble);
+  CHECK(net->bn->num_batches_tracked.item<std::int64_t>() == 8);
+  CHECK(torch::isfinite(net->bn->running_var).all().item<bool>());
 }

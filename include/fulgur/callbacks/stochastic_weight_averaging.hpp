@@ -7,9 +7,10 @@
 // computed as Lightning's avg_fn on the average's device, CPU by default). When the last epoch
 // ends the average is copied into the module's parameters; a module with batch-norm layers then
 // has their statistics recomputed for the averaged weights (Lightning runs one more epoch of
-// forward passes for it; here the `update_bn` option runs them, fulgur::update_bn over the
-// training data). The averaging state and the SWALR state are in the checkpoint's callback state
-// (Lightning's keys), so a resumed fit goes on exactly.
+// forward passes for it; here one forward-only pass of training_step over the training loader,
+// TrainerView::forward_training_pass, as fulgur::update_bn does it, or the `update_bn` option).
+// The averaging state and the SWALR state are in the checkpoint's callback state (Lightning's
+// keys), so a resumed fit goes on exactly.
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
@@ -38,8 +39,9 @@ struct StochasticWeightAveragingOptions {
   /// Where the average is kept (Lightning's default: the CPU); none: the module's device.
   std::optional<torch::Device> device = torch::Device(torch::kCPU);
   /// Recomputes the batch-norm statistics of the module holding the averaged weights, at the end
-  /// of fit, e.g. [&](torch::nn::Module& m) { fulgur::update_bn(train_loader, m, [&](auto& b) { net->forward(b.input); }); }.
-  /// Required when the module has batch-norm layers (Lightning's extra epoch of forward passes).
+  /// of fit, instead of the callback's own pass (fulgur::update_bn with training_step as the
+  /// forward over the training loader), e.g.
+  /// [&](torch::nn::Module& m) { fulgur::update_bn(loader, m, [&](auto& b) { net->forward(b.input); }); }.
   std::function<void(torch::nn::Module&)> update_bn{};
 };
 
@@ -68,6 +70,7 @@ class StochasticWeightAveraging {
   std::int64_t swa_end() const;
   void install_scheduler(TrainerView& trainer);
   void update(torch::nn::Module& module);
+  void recompute_batch_norm(TrainerView& trainer, torch::nn::Module& module);
 
   StochasticWeightAveragingOptions options_;
   std::int64_t start_epoch_ = -1;  ///< swa_epoch_start resolved (an integer, 1-based)

@@ -139,6 +139,15 @@ class TrainerView {
   /// "global_step 12 (epoch 1, after batch 3)": the step save_completed_step writes.
   std::string completed_step_text() const;
 
+  // ---- passes over the data ------------------------------------------------------------------------
+  /// A forward-only pass of the module's training_step over the training loader of the fit under
+  /// way: this rank's batches (limit_train_batches of them), prepared as in training (transfer hooks,
+  /// device, precision, autocast), without gradients, backward or optimizer steps; what it logs is
+  /// dropped; the module's mode is left as the caller set it. For on_train_start, on_train_end,
+  /// on_fit_end (not inside a training epoch). Returns how many batches ran. StochasticWeightAveraging
+  /// recomputes batch-norm statistics with it. `who` names the caller in errors.
+  std::int64_t forward_training_pass(const std::string& who);
+
   // ---- set by the loops ----------------------------------------------------------------------------
   void attach_metrics(const detail::MetricViews* views) { views_ = views; }
   void attach_optimizers(std::span<OptimizerConfig> optimizers) { optimizers_ = optimizers; }

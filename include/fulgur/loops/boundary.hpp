@@ -23,9 +23,10 @@
 // and a missing member is an error where the class is defined.
 //
 // What crosses, and how often: a collective decision per epoch (EarlyStopping), metrics at the log
-// cadence, the states when a checkpoint is written or read. Nothing per training step, except the
-// calls a training_step under manual optimization makes itself (manual_backward, optimizer.step(),
-// clip_gradients): one indirect call each, as Lightning's own are. Automatic optimization, the
+// cadence, the states when a checkpoint is written or read, a callback's forward-only pass (once a
+// fit). Nothing per training step, except the calls a training_step under manual optimization makes
+// itself (manual_backward, optimizer.step(), clip_gradients): one indirect call each, as Lightning's
+// own are. Automatic optimization, the
 // precisions, the strategies and the hooks never cross it (bench_step: within 2 % of a hand loop).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -143,6 +144,13 @@ class LoopLink : public ManualOptimizationLink {
   virtual std::optional<StateDict> loader_state() = 0;
   /// Whether the loader took the state (false: it keeps none).
   virtual bool load_loader_state(const StateDict& state) = 0;
+
+  // ---- a pass a callback asks for (TrainerView::forward_training_pass), a few times a fit at most ----
+  /// training_step over this rank's training batches (limit_train_batches of them), each prepared as
+  /// in training (transfer hooks, device, precision) and run in the forward context, without
+  /// gradients, backward or optimizer steps (a manual training_step's calls are skipped); what it
+  /// logs is dropped. The module's mode is the caller's. Returns how many batches ran.
+  virtual std::int64_t forward_training_pass() = 0;
 
  protected:
   LoopLink() = default;

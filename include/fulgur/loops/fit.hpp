@@ -162,16 +162,45 @@ class FitLoop final : private detail::LoopLink, public FitState {
     shut_down_hooks(hook_, callbacks(), e, status, teardown ? std::optional(Stage::fit) : std::nullopt,
                     [this](const std::string& line) { warn(line); });
   }
+  // In a forward-only pass a manual training_step's backward, steps and clipping are skipped.
   void manual_backward(const at::Tensor& loss) override {
-    if constexpr (!automatic) optimization_->backward(loss);
+    if constexpr (!automatic)
+      if (!forward_only_) optimization_->backward(loss);
   }
   bool manual_step(std::size_t optimizer) override {
-    if constexpr (!automatic) return optimization_->step(optimizer);
+    if constexpr (!automatic) return !forward_only_ && optimization_->step(optimizer);
     else return false;
   }
   at::Tensor manual_clip(std::size_t optimizer, const ClipGradients& clip) override {
-    if constexpr (!automatic) return optimization_->clip(optimizer, clip);
-    else return {};
+    if constexpr (!automatic)
+      if (!forward_only_) return optimization_->clip(optimizer, clip);
+    return {};
+  }
+  std::int64_t forward_training_pass() override {
+    // What training_step logs goes to a collection of its own, dropped; batch_idx is the pass's.
+    detail::MetricCollection dropped{/*training=*/true};
+    dropped.set_device(host_.device());
+    struct Restore {
+      FitLoop& loop;
+      std::int64_t batch_idx;
+      ~Restore() {
+        loop.ctx_.attach(&loop.train_metrics_);
+        loop.ctx_.batch_idx = batch_idx;
+        loop.forward_only_ = false;
+      }
+    } restore{*this, ctx_.batch_idx};
+    ctx_.attach(&dropped);
+    forward_only_ = true;
+    at::NoGradGuard no_grad;
+    std::int64_t batch_idx = 0;
+    const auto end = std::end(train_);
+    for (auto it = std::begin(train_); it != end && (max_batches_ < 0 || batch_idx < max_batches_); ++it) {
+      ctx_.batch_idx = batch_idx++;
+      const auto& raw = *it;
+      const auto batch = prepare_batch(host_, hook_, raw, "training_step");
+      (void)run_step(host_, hook_, hooks::training_step, batch);
+    }
+    return batch_idx;
   }
 
   static ValLoader process_validation(Host& host, ValData& val) {
@@ -355,6 +384,7 @@ class FitLoop final : private detail::LoopLink, public FitState {
   std::optional<Optimization> optimization_;
   std::optional<ValLoop> validation_;
   Schedulers schedulers_{optimizers_, automatic};
+  bool forward_only_ = false;  // forward_training_pass under way
 };
 
 /// Trainer::fit: the fit loop on `host` (a fulgur::loops::loop_host), kept by the host's loop

@@ -78,6 +78,11 @@ class FitState {
   /// "global_step 12 (epoch 1, after batch 3)" of the last completed step; empty before any.
   std::string completed_step_text() const;
 
+  // ---- a callback's forward-only pass over the training data ---------------------------------------
+  /// LoopLink::forward_training_pass once the fit is set up and outside a training epoch (the epoch's
+  /// own iteration of the loader must not be disturbed); refused otherwise, naming `who`.
+  std::int64_t forward_training_pass(const std::string& who);
+
  protected:
   // Out of line, both: the members' constructors and destructors are compiled once.
   FitState(const TrainerConfig& config, torch::nn::Module& module, detail::HostLink& host, detail::LoopLink& loop,
@@ -206,6 +211,7 @@ class FitState {
   /// Copies of what the pending part's hooks may change (what this epoch logged, the callbacks' states).
   void remember_hook_state();
   bool track_completed_steps_ = false;
+  bool finished_ = false;  // finish() ran: the loaders may be gone
   std::optional<CompletedStep> completed_step_;
   std::string checkpoint_name() const { return "checkpoint '" + checkpoint_path_ + "'"; }
   void warn_unknown_callbacks(const std::vector<std::string>& keys);
