@@ -26,8 +26,8 @@
 // cadence, the states when a checkpoint is written or read, a callback's forward-only pass (once a
 // fit). Nothing per training step, except the calls a training_step under manual optimization makes
 // itself (manual_backward, optimizer.step(), clip_gradients): one indirect call each, as Lightning's
-// own are. Automatic optimization, the
-// precisions, the strategies and the hooks never cross it (bench_step: within 2 % of a hand loop).
+// own are. Automatic optimization, the precisions, the strategies and the hooks never cross it
+// (bench_step: within 2 % of a hand loop).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
