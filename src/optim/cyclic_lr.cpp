@@ -17,8 +17,8 @@ namespace {
 std::vector<double> per_group(const char* name, std::vector<double> values, std::size_t groups) {
   if (values.size() == 1) values.assign(groups, values.front());
   if (values.size() != groups)
-    refuse(std::string("CyclicLR: ") + name + " must have the same length as optimizer.param_groups. " + name + " has " +
-           std::to_string(values.size()) + " values, param_groups has " + std::to_string(groups) + ".");
+    refuse(std::string("CyclicLR: ") + name + " must have the same length as optimizer.param_groups. " + name +
+           " has " + std::to_string(values.size()) + " values, param_groups has " + std::to_string(groups) + ".");
   return values;
 }
 

@@ -35,8 +35,8 @@ ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceL
 void ReduceLROnPlateau::set_min_lrs(std::vector<double> min_lrs) {
   const std::size_t groups = optimizer_->param_groups().size();
   if (min_lrs.size() != groups)
-    refuse("ReduceLROnPlateau::set_min_lrs: expected " + std::to_string(groups) + " min_lrs (one per param group), got " +
-           std::to_string(min_lrs.size()) + ".");
+    refuse("ReduceLROnPlateau::set_min_lrs: expected " + std::to_string(groups) +
+           " min_lrs (one per param group), got " + std::to_string(min_lrs.size()) + ".");
   for (std::size_t i = 0; i < min_lrs.size(); ++i)
     if (!(min_lrs[i] >= 0.0))
       refuse("ReduceLROnPlateau::set_min_lrs: min_lrs[" + std::to_string(i) + "] is " + number_text(min_lrs[i]) +

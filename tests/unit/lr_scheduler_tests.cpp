@@ -80,7 +80,8 @@ Scheduler make_scheduler(const std::string& name, torch::optim::Optimizer& o) {
   else if (name == "constant") s.stepwise = std::make_unique<ConstantLR>(o, 0.5, 4);
   else if (name == "polynomial") s.stepwise = std::make_unique<PolynomialLR>(o, 8, 2.0);
   else if (name == "multiplicative")
-    s.stepwise = std::make_unique<MultiplicativeLR>(o, [](std::int64_t e) { return 0.95 - 0.01 * static_cast<double>(e % 3); });
+    s.stepwise = std::make_unique<MultiplicativeLR>(
+        o, [](std::int64_t e) { return 0.95 - 0.01 * static_cast<double>(e % 3); });
   else if (name == "cyclic")
     s.stepwise = std::make_unique<CyclicLR>(o, CyclicLROptions{.base_lr = {0.01, 0.005}, .max_lr = {0.1, 0.05},
                                                                .step_size_up = 3, .step_size_down = 2,
@@ -550,8 +551,8 @@ TEST_CASE("ConstantLR, PolynomialLR, MultiplicativeLR, CyclicLR, ChainedSchedule
   });
   says("multiplicative_lambdas",
        [&] { MultiplicativeLR(*o, std::vector<MultiplicativeLR::Lambda>(3, [](std::int64_t) { return 1.0; })); });
-  auto adagrad = std::make_unique<torch::optim::Adagrad>(std::vector<at::Tensor>{torch::zeros({2}).requires_grad_(true)},
-                                                         torch::optim::AdagradOptions(0.1));
+  auto adagrad = std::make_unique<torch::optim::Adagrad>(
+      std::vector<at::Tensor>{torch::zeros({2}).requires_grad_(true)}, torch::optim::AdagradOptions(0.1));
   says("cyclic_no_momentum", [&] { CyclicLR(*adagrad, {.base_lr = {0.01}, .max_lr = {0.1}}); });
   says("cyclic_max_lr", [&] { CyclicLR(*o, {.base_lr = {0.01}, .max_lr = {0.1, 0.2, 0.3}}); });
   says("cyclic_base_momentum",
@@ -569,7 +570,8 @@ TEST_CASE("ConstantLR, PolynomialLR, MultiplicativeLR, CyclicLR, ChainedSchedule
   plain.step();
   CHECK(plain.get_last_lr() == std::vector<double>{0.01 + (0.1 - 0.01) * 0.5});  // halfway up: x 0.25 of a cycle of 4
   // Python's ZeroDivisionError for step_size_up 0, at the first step: refused when made.
-  CHECK_THAT(test::message_of<MisconfigurationError>([&] { CyclicLR(*o, {.base_lr = {0.01}, .max_lr = {0.1}, .step_size_up = 0}); }),
+  CHECK_THAT(test::message_of<MisconfigurationError>(
+                 [&] { CyclicLR(*o, {.base_lr = {0.01}, .max_lr = {0.1}, .step_size_up = 0}); }),
              Catch::Contains("step_size_up must be a positive number of iterations, got 0"));
   // A ChainedScheduler restarted by SequentialLR at its milestone: Python's NotImplementedError, said plainly.
   CHECK_THAT(test::message_of<MisconfigurationError>([&] {
@@ -646,5 +648,6 @@ TEST_CASE("fit with CyclicLR per step, resumed mid-epoch from a checkpoint, ends
   CHECK(std::vector<double>(straight.lrs.begin() + 6, straight.lrs.end()) == resumed.lrs);
   CHECK(std::vector<double>(straight.momenta.begin() + 6, straight.momenta.end()) == resumed.momenta);
   REQUIRE(resumed.weights.size() == straight.weights.size());
-  for (std::size_t i = 0; i < straight.weights.size(); ++i) CHECK(test::identical(straight.weights[i], resumed.weights[i]));
+  for (std::size_t i = 0; i < straight.weights.size(); ++i)
+    CHECK(test::identical(straight.weights[i], resumed.weights[i]));
 }
