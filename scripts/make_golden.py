@@ -196,6 +196,27 @@ def _scheduler_scenarios():
         "plateau": ("sgd", lambda o: S.ReduceLROnPlateau(o, factor=0.5, patience=1, threshold=0.01, cooldown=1)),
         "plateau_max_abs": ("sgd", lambda o: S.ReduceLROnPlateau(o, mode="max", factor=0.5, patience=0, threshold=0.05,
                                                                threshold_mode="abs", min_lr=[0.02, 0.01])),
+        "constant": ("sgd", lambda o: S.ConstantLR(o, factor=0.5, total_iters=4)),
+        "polynomial": ("sgd", lambda o: S.PolynomialLR(o, total_iters=8, power=2.0)),
+        "multiplicative": ("sgd", lambda o: S.MultiplicativeLR(o, lambda e: 0.95 - 0.01 * (e % 3))),
+        "cyclic": ("sgd", lambda o: S.CyclicLR(o, base_lr=[0.01, 0.005], max_lr=[0.1, 0.05], step_size_up=3,
+                                               step_size_down=2, mode="triangular2")),
+        "cyclic_adam": ("adam", lambda o: S.CyclicLR(o, base_lr=0.001, max_lr=0.01, step_size_up=2, mode="exp_range",
+                                                     gamma=0.9, base_momentum=0.85, max_momentum=0.95)),
+        "cyclic_custom": ("sgd", lambda o: S.CyclicLR(o, base_lr=0.01, max_lr=0.1, step_size_up=4,
+                                                      scale_fn=lambda x: 1.0 / (x + 1.0), scale_mode="iterations",
+                                                      cycle_momentum=False)),
+        "chained": ("sgd", lambda o: S.ChainedScheduler([S.ConstantLR(o, factor=0.5, total_iters=3),
+                                                         S.ExponentialLR(o, gamma=0.9)], optimizer=o)),
+        "sequential_new": ("sgd", lambda o: S.SequentialLR(
+            o, [S.ConstantLR(o, factor=0.5, total_iters=2), S.PolynomialLR(o, total_iters=6, power=1.5),
+                S.MultiplicativeLR(o, lambda e: 0.9)], milestones=[3, 7])),
+        "sequential_cyclic": ("sgd", lambda o: S.SequentialLR(
+            o, [S.LinearLR(o, start_factor=0.5, end_factor=1.0, total_iters=2),
+                S.CyclicLR(o, base_lr=0.01, max_lr=0.1, step_size_up=2)], milestones=[4])),
+        "sequential_chained": ("sgd", lambda o: S.SequentialLR(
+            o, [S.ChainedScheduler([S.ConstantLR(o, factor=0.5, total_iters=2), S.ExponentialLR(o, gamma=0.9)]),
+                S.StepLR(o, step_size=2, gamma=0.5)], milestones=[5])),
     }
 
 
@@ -215,20 +236,26 @@ def _flat_state(state, prefix=""):
     return out
 
 
+def _scenario(kind, make, params):
+    """A scenario's optimizer (two groups, lr 0.1 and 0.05, on params[0] and params[1]), its scheduler, and
+    record(tag): each group's lr and momentum, get_last_lr() and last_epoch (-1 for ChainedScheduler, which has none)."""
+    groups = [{"params": [params[0]], "lr": 0.1}, {"params": [params[1]], "lr": 0.05}]
+    opt = torch.optim.SGD(groups, lr=0.1, momentum=0.9) if kind == "sgd" else torch.optim.Adam(groups, lr=0.1)
+    sched = make(opt)
+
+    def record(tag):
+        momentum = [g["betas"][0] if "betas" in g else g["momentum"] for g in opt.param_groups]
+        return [(f"{tag}.lr", torch.tensor([g["lr"] for g in opt.param_groups], dtype=torch.float64)),
+                (f"{tag}.last", torch.tensor(sched.get_last_lr(), dtype=torch.float64)),
+                (f"{tag}.momentum", torch.tensor(momentum, dtype=torch.float64)),
+                (f"{tag}.epoch", torch.tensor(float(getattr(sched, "last_epoch", -1)), dtype=torch.float64))]
+
+    return opt, sched, isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau), record
+
+
 def schedulers(out):
     for name, (kind, make) in _scheduler_scenarios().items():
-        params = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))]
-        groups = [{"params": [params[0]], "lr": 0.1}, {"params": [params[1]], "lr": 0.05}]
-        opt = torch.optim.SGD(groups, lr=0.1, momentum=0.9) if kind == "sgd" else torch.optim.Adam(groups, lr=0.1)
-        sched = make(opt)
-        plateau = isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
-
-        def record(tag):
-            momentum = [g["betas"][0] if "betas" in g else g["momentum"] for g in opt.param_groups]
-            return [(f"{tag}.lr", torch.tensor([g["lr"] for g in opt.param_groups], dtype=torch.float64)),
-                    (f"{tag}.last", torch.tensor(sched.get_last_lr(), dtype=torch.float64)),
-                    (f"{tag}.momentum", torch.tensor(momentum, dtype=torch.float64))]
-
+        opt, sched, plateau, record = _scenario(kind, make, [torch.nn.Parameter(torch.zeros(2)) for _ in range(2)])
         entries = record("init")
         for step in range(12):
             opt.step()
@@ -251,11 +278,14 @@ def schedulers(out):
 # built on the lists made with the scheduler raise. Where it raises: "raised" (the step), the lrs,
 # last lrs and last_epoch it left, and its message (scheduler_grown_<name>_message.txt).
 GROWN_AFTER = 3
+_GROWN_BASE = ("step", "multistep", "exponential", "cosine", "warm_restarts", "linear", "onecycle", "onecycle_adam",
+               "lambda", "sequential", "plateau", "plateau_max_abs", "constant", "polynomial", "multiplicative", "cyclic",
+               "chained")
 
 
 def _grown_scenarios():
     S = torch.optim.lr_scheduler
-    scenarios = dict(_scheduler_scenarios())
+    scenarios = {k: v for k, v in _scheduler_scenarios().items() if k in _GROWN_BASE}
     scenarios.update({
         "cosine_long": ("sgd", lambda o: S.CosineAnnealingLR(o, T_max=20, eta_min=0.001)),
         "sequential_late": ("sgd", lambda o: S.SequentialLR(
@@ -268,18 +298,7 @@ def _grown_scenarios():
 def grown_schedulers(out):
     for name, (kind, make) in _grown_scenarios().items():
         params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(3)]
-        groups = [{"params": [params[0]], "lr": 0.1}, {"params": [params[1]], "lr": 0.05}]
-        opt = torch.optim.SGD(groups, lr=0.1, momentum=0.9) if kind == "sgd" else torch.optim.Adam(groups, lr=0.1)
-        sched = make(opt)
-        plateau = isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
-
-        def record(tag):
-            momentum = [g["betas"][0] if "betas" in g else g["momentum"] for g in opt.param_groups]
-            return [(f"{tag}.lr", torch.tensor([g["lr"] for g in opt.param_groups], dtype=torch.float64)),
-                    (f"{tag}.last", torch.tensor(sched.get_last_lr(), dtype=torch.float64)),
-                    (f"{tag}.momentum", torch.tensor(momentum, dtype=torch.float64)),
-                    (f"{tag}.epoch", torch.tensor(float(sched.last_epoch), dtype=torch.float64))]
-
+        opt, sched, plateau, record = _scenario(kind, make, params)
         entries, message = [], ""
         for step in range(12):
             if step == GROWN_AFTER:
@@ -300,6 +319,48 @@ def grown_schedulers(out):
             f.write(message + "\n")
 
 
+def _python_error(make):
+    try:
+        make()
+    except Exception as error:  # noqa: BLE001 - what PyTorch raises is the reference
+        return f"{type(error).__name__}: {error}"
+    return "no error"
+
+
+def scheduler_errors(out):
+    """The messages PyTorch raises on the new schedulers' bad arguments: scheduler_errors.txt, `name message` a line."""
+    S = torch.optim.lr_scheduler
+
+    def sgd():
+        return torch.optim.SGD([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+
+    def two_groups():
+        p = [torch.nn.Parameter(torch.zeros(2)) for _ in range(2)]
+        return torch.optim.SGD([{"params": [p[0]]}, {"params": [p[1]], "lr": 0.05}], lr=0.1, momentum=0.9)
+
+    def constant_zero():
+        o = sgd()
+        s = S.ConstantLR(o, factor=0.0, total_iters=2)
+        for _ in range(2):
+            s.step()
+
+    o1, o2 = sgd(), sgd()
+    errors = {
+        "constant_factor": lambda: S.ConstantLR(sgd(), factor=1.5),
+        "constant_zero": constant_zero,
+        "multiplicative_lambdas": lambda: S.MultiplicativeLR(two_groups(), [lambda e: 1.0] * 3),
+        "cyclic_no_momentum": lambda: S.CyclicLR(torch.optim.Adagrad([torch.nn.Parameter(torch.zeros(2))], lr=0.1),
+                                                 base_lr=0.01, max_lr=0.1),
+        "cyclic_max_lr": lambda: S.CyclicLR(two_groups(), base_lr=0.01, max_lr=[0.1, 0.2, 0.3]),
+        "cyclic_base_momentum": lambda: S.CyclicLR(two_groups(), base_lr=0.01, max_lr=0.1, base_momentum=[0.8] * 3),
+        "chained_empty": lambda: S.ChainedScheduler([]),
+        "chained_optimizers": lambda: S.ChainedScheduler([S.StepLR(o1, 2), S.ExponentialLR(o2, 0.9)]),
+    }
+    with open(os.path.join(out, "scheduler_errors.txt"), "w") as f:
+        for name, make in errors.items():
+            f.write(f"{name} {_python_error(make).splitlines()[0]}\n")  # the first line: an optimizer prints many
+
+
 if __name__ == "__main__":
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -311,4 +372,5 @@ if __name__ == "__main__":
     fused_optimizers(out)
     schedulers(out)
     grown_schedulers(out)
+    scheduler_errors(out)
     print(f"golden values written to {out} (torch {torch.__version__})")

@@ -13,9 +13,13 @@ using namespace fulgur;
 namespace {
 
 const std::vector<double> kPlateauMetrics{1.0, 0.9, 0.95, 0.97, 0.96, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1};
-const std::vector<std::string> kScenarios{"step",     "multistep", "exponential", "cosine",     "warm_restarts",
-                                          "linear",   "onecycle",  "onecycle_adam", "lambda",   "sequential",
-                                          "plateau",  "plateau_max_abs"};
+const std::vector<std::string> kScenarios{
+    "step",          "multistep",    "exponential",    "cosine",     "warm_restarts",     "linear",
+    "onecycle",      "onecycle_adam", "lambda",        "sequential", "plateau",           "plateau_max_abs",
+    "constant",      "polynomial",   "multiplicative", "cyclic",     "cyclic_adam",       "cyclic_custom",
+    "chained",       "sequential_new", "sequential_cyclic", "sequential_chained"};
+
+bool adam_scenario(const std::string& name) { return name == "onecycle_adam" || name == "cyclic_adam"; }
 
 /// Two param groups, lr 0.1 and 0.05: SGD with momentum 0.9, or Adam (make_golden.py's).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(bool adam) {
@@ -73,7 +77,49 @@ Scheduler make_scheduler(const std::string& name, torch::optim::Optimizer& o) {
     parts.push_back(std::make_unique<ExponentialLR>(o, 0.9));
     s.stepwise = std::make_unique<SequentialLR>(o, std::move(parts), std::vector<std::int64_t>{6});
   } else if (name == "swalr") s.stepwise = std::make_unique<SWALR>(o, std::vector<double>{0.05}, 3);
-  else if (name == "plateau_max_abs")
+  else if (name == "constant") s.stepwise = std::make_unique<ConstantLR>(o, 0.5, 4);
+  else if (name == "polynomial") s.stepwise = std::make_unique<PolynomialLR>(o, 8, 2.0);
+  else if (name == "multiplicative")
+    s.stepwise = std::make_unique<MultiplicativeLR>(
+        o, [](std::int64_t e) { return 0.95 - 0.01 * static_cast<double>(e % 3); });
+  else if (name == "cyclic")
+    s.stepwise = std::make_unique<CyclicLR>(o, CyclicLROptions{.base_lr = {0.01, 0.005}, .max_lr = {0.1, 0.05},
+                                                               .step_size_up = 3, .step_size_down = 2,
+                                                               .mode = CyclicLROptions::Mode::triangular2});
+  else if (name == "cyclic_adam")
+    s.stepwise = std::make_unique<CyclicLR>(
+        o, CyclicLROptions{.base_lr = {0.001}, .max_lr = {0.01}, .step_size_up = 2,
+                           .mode = CyclicLROptions::Mode::exp_range, .gamma = 0.9, .base_momentum = {0.85},
+                           .max_momentum = {0.95}});
+  else if (name == "cyclic_custom")
+    s.stepwise = std::make_unique<CyclicLR>(
+        o, CyclicLROptions{.base_lr = {0.01}, .max_lr = {0.1}, .step_size_up = 4,
+                           .scale_fn = [](double x) { return 1.0 / (x + 1.0); },
+                           .scale_mode = CyclicLROptions::ScaleMode::iterations, .cycle_momentum = false});
+  else if (name == "chained") {
+    std::vector<std::unique_ptr<LRScheduler>> parts;
+    parts.push_back(std::make_unique<ConstantLR>(o, 0.5, 3));
+    parts.push_back(std::make_unique<ExponentialLR>(o, 0.9));
+    s.stepwise = std::make_unique<ChainedScheduler>(std::move(parts), &o);
+  } else if (name == "sequential_new") {
+    std::vector<std::unique_ptr<LRScheduler>> parts;
+    parts.push_back(std::make_unique<ConstantLR>(o, 0.5, 2));
+    parts.push_back(std::make_unique<PolynomialLR>(o, 6, 1.5));
+    parts.push_back(std::make_unique<MultiplicativeLR>(o, [](std::int64_t) { return 0.9; }));
+    s.stepwise = std::make_unique<SequentialLR>(o, std::move(parts), std::vector<std::int64_t>{3, 7});
+  } else if (name == "sequential_cyclic") {
+    std::vector<std::unique_ptr<LRScheduler>> parts;
+    parts.push_back(std::make_unique<LinearLR>(o, 0.5, 1.0, 2));
+    parts.push_back(std::make_unique<CyclicLR>(o, CyclicLROptions{.base_lr = {0.01}, .max_lr = {0.1}, .step_size_up = 2}));
+    s.stepwise = std::make_unique<SequentialLR>(o, std::move(parts), std::vector<std::int64_t>{4});
+  } else if (name == "sequential_chained") {
+    std::vector<std::unique_ptr<LRScheduler>> chain, parts;
+    chain.push_back(std::make_unique<ConstantLR>(o, 0.5, 2));
+    chain.push_back(std::make_unique<ExponentialLR>(o, 0.9));
+    parts.push_back(std::make_unique<ChainedScheduler>(std::move(chain)));
+    parts.push_back(std::make_unique<StepLR>(o, 2, 0.5));
+    s.stepwise = std::make_unique<SequentialLR>(o, std::move(parts), std::vector<std::int64_t>{5});
+  } else if (name == "plateau_max_abs")
     s.plateau = std::make_unique<ReduceLROnPlateau>(
         o, ReduceLROnPlateauOptions{.mode = ReduceLROnPlateauOptions::Mode::max, .factor = 0.5, .patience = 0,
                                     .threshold = 0.05, .threshold_mode = ReduceLROnPlateauOptions::ThresholdMode::abs,
@@ -105,14 +151,15 @@ void check_step(torch::optim::Optimizer& o, const Scheduler& s, std::map<std::st
   CHECK(test::identical(group_lrs(o), g[tag + ".lr"]));
   CHECK(test::identical(as_tensor(s.last()), g[tag + ".last"]));
   CHECK(test::identical(group_momenta(o), g[tag + ".momentum"]));
+  if (g.count(tag + ".epoch") != 0) CHECK(static_cast<double>(s.last_epoch()) == g[tag + ".epoch"].item<double>());
 }
 
 /// make_golden.py's grown scenarios: a third group (lr 0.02, the optimizer's defaults otherwise, as
 /// PyTorch's add_param_group fills it) added after 3 steps.
-const std::vector<std::string> kGrownScenarios{"step",          "multistep",   "exponential",     "cosine",
-                                               "cosine_long",   "warm_restarts", "linear",        "onecycle",
-                                               "onecycle_adam", "lambda",      "sequential",      "sequential_late",
-                                               "swalr",         "plateau",     "plateau_max_abs"};
+const std::vector<std::string> kGrownScenarios{
+    "step",       "multistep",       "exponential", "cosine",   "cosine_long",    "warm_restarts", "linear",
+    "onecycle",   "onecycle_adam",   "lambda",      "sequential", "sequential_late", "swalr",       "plateau",
+    "plateau_max_abs", "constant",   "polynomial",  "multiplicative", "cyclic",   "chained"};
 constexpr int kGrownAfter = 3;
 
 void add_group(torch::optim::Optimizer& o) {
@@ -123,8 +170,8 @@ void add_group(torch::optim::Optimizer& o) {
 
 void check_grown(torch::optim::Optimizer& o, const Scheduler& s, std::map<std::string, at::Tensor>& g,
                  const std::string& tag) {
+  REQUIRE(g.count(tag + ".epoch") == 1);
   check_step(o, s, g, tag);
-  CHECK(static_cast<double>(s.last_epoch()) == g[tag + ".epoch"].item<double>());
 }
 
 /// Steps `s` from step `from` to 11 (the group added before step kGrownAfter when `from` is 0), each
@@ -182,13 +229,28 @@ void flatten(const StateDict& state, const std::string& prefix, std::map<std::st
   }
 }
 
+/// `state` flattened equals the golden file's "state." entries: the same keys, each number the same double.
+void check_state_equals_golden(const StateDict& state, std::map<std::string, at::Tensor>& g) {
+  std::map<std::string, at::Tensor> flat;
+  flatten(state, "state.", flat);
+  std::size_t golden_entries = 0;
+  for (const auto& [key, value] : g) {
+    if (key.rfind("state.", 0) != 0) continue;
+    ++golden_entries;
+    INFO(key);
+    REQUIRE(flat.count(key) == 1);
+    CHECK(test::identical(flat.at(key), value.reshape(flat.at(key).sizes())));
+  }
+  CHECK(flat.size() == golden_entries);
+}
+
 }  // namespace
 
 TEST_CASE("fulgur::optim's schedulers equal torch.optim.lr_scheduler step for step", "[scheduler][golden]") {
   for (const auto& name : kScenarios) {
     INFO(name);
     auto g = test::read_golden("scheduler_" + name + ".txt");
-    auto optimizer = make_optimizer(name == "onecycle_adam");
+    auto optimizer = make_optimizer(adam_scenario(name));
     Scheduler scheduler = make_scheduler(name, *optimizer);
     check_step(*optimizer, scheduler, g, "init");
     for (int i = 0; i < 12; ++i) {
@@ -202,17 +264,7 @@ TEST_CASE("fulgur::optim's schedulers equal torch.optim.lr_scheduler step for st
     std::vector<std::string> keys;
     for (const auto& item : state) keys.push_back(item.key().toStringRef());
     CHECK(keys == python_keys);
-    std::map<std::string, at::Tensor> flat;
-    flatten(state, "state.", flat);
-    std::size_t golden_entries = 0;
-    for (const auto& [key, value] : g) {
-      if (key.rfind("state.", 0) != 0) continue;
-      ++golden_entries;
-      INFO(key);
-      REQUIRE(flat.count(key) == 1);
-      CHECK(test::identical(flat.at(key), value.reshape(flat.at(key).sizes())));
-    }
-    CHECK(flat.size() == golden_entries);
+    check_state_equals_golden(state, g);
   }
 }
 
@@ -220,7 +272,7 @@ TEST_CASE("A scheduler's state_dict resumes the schedule mid-run, with the optim
   for (const auto& name : kScenarios) {
     INFO(name);
     auto g = test::read_golden("scheduler_" + name + ".txt");
-    const bool adam = name == "onecycle_adam";
+    const bool adam = adam_scenario(name);
     auto optimizer = make_optimizer(adam);
     Scheduler scheduler = make_scheduler(name, *optimizer);
     for (int i = 0; i < 6; ++i) scheduler.step(i);
@@ -420,22 +472,12 @@ TEST_CASE("A param group added after the scheduler was made: every group's lr as
   // ReduceLROnPlateau given one min_lr per group) raise at their next step.
   for (const auto& name : kGrownScenarios) {
     INFO(name);
-    auto optimizer = make_optimizer(name == "onecycle_adam");
+    auto optimizer = make_optimizer(adam_scenario(name));
     Scheduler scheduler = make_scheduler(name, *optimizer);
     run_grown(name, *optimizer, scheduler, 0);
     // state_dict after the group was added (base_lrs as made, _last_lr one per group): Python's numbers.
     auto g = test::read_golden("scheduler_grown_" + name + ".txt");
-    std::map<std::string, at::Tensor> flat;
-    flatten(scheduler.state(), "state.", flat);
-    std::size_t golden_entries = 0;
-    for (const auto& [key, value] : g) {
-      if (key.rfind("state.", 0) != 0) continue;
-      ++golden_entries;
-      INFO(key);
-      REQUIRE(flat.count(key) == 1);
-      CHECK(test::identical(flat.at(key), value.reshape(flat.at(key).sizes())));
-    }
-    CHECK(flat.size() == golden_entries);
+    check_state_equals_golden(scheduler.state(), g);
   }
 }
 
@@ -445,7 +487,7 @@ TEST_CASE("A scheduler's state saved after a group was added resumes exactly", "
     auto g = test::read_golden("scheduler_grown_" + name + ".txt");
     if (g.count("raised") != 0 && g["raised"].item<double>() < kSaveAfter) continue;  // PyTorch stopped before
     INFO(name);
-    const bool adam = name == "onecycle_adam";
+    const bool adam = adam_scenario(name);
     auto optimizer = make_optimizer(adam);
     Scheduler scheduler = make_scheduler(name, *optimizer);
     for (int i = 0; i < kSaveAfter; ++i) {
@@ -471,4 +513,141 @@ TEST_CASE("A scheduler's state saved after a group was added resumes exactly", "
   optim::StepLR small(*two, 2);
   CHECK_THAT(test::message_of<CheckpointError>([&] { small.load_state_dict(big.state_dict()); }),
              Catch::Contains("'base_lrs' has 3 learning rates for the optimizer's 2 param groups"));
+}
+
+namespace {
+
+/// make_golden.py's scheduler_errors.txt: what PyTorch raises on the new schedulers' bad arguments (first line).
+std::map<std::string, std::string> python_errors() {
+  std::ifstream file(std::string(FULGUR_GOLDEN_DIR) + "/scheduler_errors.txt");
+  std::map<std::string, std::string> errors;
+  std::string name, message;
+  while (file >> name && std::getline(file >> std::ws, message)) {
+    const auto colon = message.find(": ");  // "ValueError: ..." -> the text
+    errors[name] = colon == std::string::npos ? message : message.substr(colon + 2);
+    const auto repr = errors[name].find(" has SGD (");  // then Python prints the optimizer: fulgur names no repr
+    if (repr != std::string::npos) errors[name] = errors[name].substr(0, repr);
+  }
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("ConstantLR, PolynomialLR, MultiplicativeLR, CyclicLR, ChainedScheduler refuse what Python refuses",
+          "[scheduler][errors]") {
+  using namespace fulgur::optim;
+  auto python = python_errors();
+  REQUIRE(python.size() == 8);
+  auto o = make_optimizer(false);
+  auto says = [&](const std::string& key, const std::function<void()>& make) {
+    INFO(key << ": " << python[key]);
+    CHECK_THAT(test::message_of<MisconfigurationError>(make), Catch::Contains(python[key], Catch::CaseSensitive::No));
+  };
+  says("constant_factor", [&] { ConstantLR(*o, 1.5); });
+  says("constant_zero", [&] {
+    ConstantLR zero(*o, 0.0, 2);
+    zero.step();
+    zero.step();
+  });
+  says("multiplicative_lambdas",
+       [&] { MultiplicativeLR(*o, std::vector<MultiplicativeLR::Lambda>(3, [](std::int64_t) { return 1.0; })); });
+  auto adagrad = std::make_unique<torch::optim::Adagrad>(
+      std::vector<at::Tensor>{torch::zeros({2}).requires_grad_(true)}, torch::optim::AdagradOptions(0.1));
+  says("cyclic_no_momentum", [&] { CyclicLR(*adagrad, {.base_lr = {0.01}, .max_lr = {0.1}}); });
+  says("cyclic_max_lr", [&] { CyclicLR(*o, {.base_lr = {0.01}, .max_lr = {0.1, 0.2, 0.3}}); });
+  says("cyclic_base_momentum",
+       [&] { CyclicLR(*o, {.base_lr = {0.01}, .max_lr = {0.1}, .base_momentum = {0.8, 0.8, 0.8}}); });
+  says("chained_empty", [&] { ChainedScheduler({}); });
+  auto other = make_optimizer(false);
+  says("chained_optimizers", [&] {
+    std::vector<std::unique_ptr<LRScheduler>> parts;
+    parts.push_back(std::make_unique<StepLR>(*o, 2));
+    parts.push_back(std::make_unique<ExponentialLR>(*other, 0.9));
+    ChainedScheduler(std::move(parts));
+  });
+  // Without momentum cycling an optimizer without momentum is fine, as in Python.
+  CyclicLR plain(*adagrad, {.base_lr = {0.01}, .max_lr = {0.1}, .step_size_up = 2, .cycle_momentum = false});
+  plain.step();
+  CHECK(plain.get_last_lr() == std::vector<double>{0.01 + (0.1 - 0.01) * 0.5});  // halfway up: x 0.25 of a cycle of 4
+  // Python's ZeroDivisionError for step_size_up 0, at the first step: refused when made.
+  CHECK_THAT(test::message_of<MisconfigurationError>(
+                 [&] { CyclicLR(*o, {.base_lr = {0.01}, .max_lr = {0.1}, .step_size_up = 0}); }),
+             Catch::Contains("step_size_up must be a positive number of iterations, got 0"));
+  // A ChainedScheduler restarted by SequentialLR at its milestone: Python's NotImplementedError, said plainly.
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] {
+               std::vector<std::unique_ptr<LRScheduler>> chain, parts;
+               chain.push_back(std::make_unique<ExponentialLR>(*o, 0.9));
+               parts.push_back(std::make_unique<StepLR>(*o, 2));
+               parts.push_back(std::make_unique<ChainedScheduler>(std::move(chain)));
+               SequentialLR sequential(*o, std::move(parts), {1});
+               sequential.step();
+             }),
+             Catch::Contains("Put the ChainedScheduler first in the SequentialLR"));
+}
+
+TEST_CASE("ReduceLROnPlateau::set_min_lrs: one per group after add_param_group, checked", "[scheduler][errors]") {
+  auto o = make_optimizer(false);
+  optim::ReduceLROnPlateau plateau(*o, {.factor = 0.5, .patience = 0, .min_lr = {0.06, 0.04}});
+  add_group(*o);
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { plateau.set_min_lrs({0.01, 0.01}); }),
+             Catch::Contains("expected 3 min_lrs (one per param group), got 2"));
+  CHECK_THAT(test::message_of<MisconfigurationError>([&] { plateau.set_min_lrs({0.01, -0.1, 0.01}); }),
+             Catch::Contains("min_lrs[1] is -0.1"));
+  // Without the setter the grown optimizer fails at the first reduction (Python's RuntimeError); with it, it reduces.
+  plateau.set_min_lrs({0.06, 0.04, 0.015});
+  CHECK(plateau.min_lrs() == std::vector<double>{0.06, 0.04, 0.015});
+  plateau.step(1.0);
+  plateau.step(2.0);  // worse: every group halved, down to its minimum
+  CHECK(plateau.get_last_lr() == std::vector<double>{0.06, 0.04, 0.015});
+  CHECK(plateau.state_dict().at("min_lrs").toDoubleList().vec() == std::vector<double>{0.06, 0.04, 0.015});
+}
+
+TEST_CASE("fit with CyclicLR per step, resumed mid-epoch from a checkpoint, ends as the straight run",
+          "[scheduler][fit][checkpoint]") {
+  // 3 epochs of 4 steps; the second run stops at step 6 (mid-epoch 1) by max_steps and saves; the third resumes:
+  // each step's lr and momentum, and the final weights, as the straight run's.
+  struct CyclicImpl : test::ClassifierImpl {
+    OptimizerConfig configure_optimizers() {
+      auto sgd = std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      auto cyclic = std::make_unique<optim::CyclicLR>(
+          *sgd, optim::CyclicLROptions{.base_lr = {0.01}, .max_lr = {0.2}, .step_size_up = 3, .step_size_down = 2,
+                                       .mode = optim::CyclicLROptions::Mode::triangular2});
+      return {std::move(sgd), std::move(cyclic), SchedulerInterval::step};
+    }
+    void on_before_optimizer_step(torch::optim::Optimizer& optimizer) {
+      auto& options = static_cast<torch::optim::SGDOptions&>(optimizer.param_groups()[0].options());
+      lrs.push_back(options.lr());
+      momenta.push_back(options.momentum());
+    }
+    std::vector<double> lrs, momenta;
+  };
+  const auto [x, y] = test::classification_data(64);
+  const std::string dir = test::temporary_directory("cyclic_resume");
+  struct Run {
+    std::vector<double> lrs, momenta;
+    std::vector<at::Tensor> weights;
+  };
+  auto run = [&](std::int64_t max_steps, const std::string& resume, const std::string& save) {
+    torch::manual_seed(0);
+    auto model = std::make_shared<CyclicImpl>();
+    test::CpuTrainer<FloatPrecision> trainer(
+        test::quiet({.max_epochs = 3, .max_steps = max_steps, .default_root_dir = dir}));
+    trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 16}), FitOptions{.ckpt_path = resume});
+    if (!save.empty()) trainer.save_checkpoint(save);
+    Run r{model->lrs, model->momenta, {}};
+    for (const auto& p : model->parameters()) r.weights.push_back(p.detach().clone());
+    return r;
+  };
+  const Run straight = run(-1, "", "");
+  REQUIRE(straight.lrs.size() == 12);
+  CHECK(straight.lrs[0] == 0.01);  // base_lr, set by CyclicLR when made
+  CHECK(straight.momenta[0] == 0.9);  // max_momentum
+  run(6, "", dir + "/six_steps.ckpt");
+  const Run resumed = run(-1, dir + "/six_steps.ckpt", "");
+  REQUIRE(resumed.lrs.size() == 6);
+  CHECK(std::vector<double>(straight.lrs.begin() + 6, straight.lrs.end()) == resumed.lrs);
+  CHECK(std::vector<double>(straight.momenta.begin() + 6, straight.momenta.end()) == resumed.momenta);
+  REQUIRE(resumed.weights.size() == straight.weights.size());
+  for (std::size_t i = 0; i < straight.weights.size(); ++i)
+    CHECK(test::identical(straight.weights[i], resumed.weights[i]));
 }

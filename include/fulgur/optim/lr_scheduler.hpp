@@ -81,6 +81,7 @@ class LRScheduler {
 
  private:
   friend class SequentialLR;
+  friend class ChainedScheduler;
   std::uint64_t made_ = 0;  // order of construction: SequentialLR takes the first one's base_lrs
 };
 
@@ -244,6 +245,103 @@ class SequentialLR : public LRScheduler {
   std::vector<std::int64_t> milestones_;
 };
 
+/// lr = the previous lr * lambda(epoch) (from the first step on), one function for every group or one per group.
+class MultiplicativeLR : public LRScheduler {
+ public:
+  using Lambda = std::function<double(std::int64_t)>;
+  MultiplicativeLR(torch::optim::Optimizer& optimizer, const Lambda& lr_lambda);
+  MultiplicativeLR(torch::optim::Optimizer& optimizer, std::vector<Lambda> lr_lambdas);
+
+ private:
+  std::vector<double> get_lr() override;
+  void own_state_after(StateDict& state) const override;
+  void load_own_state(const StateDict& state) override;
+  std::vector<Lambda> lr_lambdas_;
+};
+
+/// The lr times `factor` for the first total_iters epochs, then the lr itself.
+class ConstantLR : public LRScheduler {
+ public:
+  explicit ConstantLR(torch::optim::Optimizer& optimizer, double factor = 1.0 / 3, std::int64_t total_iters = 5);
+
+ private:
+  std::vector<double> get_lr() override;
+  std::optional<std::vector<double>> closed_form_lr() const override;
+  void own_state_before(StateDict& state) const override;
+  void load_own_state(const StateDict& state) override;
+  double factor_;
+  std::int64_t total_iters_;
+};
+
+/// base_lr * (1 - epoch / total_iters) ^ power, then constant from total_iters on.
+class PolynomialLR : public LRScheduler {
+ public:
+  explicit PolynomialLR(torch::optim::Optimizer& optimizer, std::int64_t total_iters = 5, double power = 1.0);
+
+ private:
+  std::vector<double> get_lr() override;
+  std::optional<std::vector<double>> closed_form_lr() const override;
+  void own_state_before(StateDict& state) const override;
+  void load_own_state(const StateDict& state) override;
+  std::int64_t total_iters_;
+  double power_;
+};
+
+struct CyclicLROptions {
+  std::vector<double> base_lr;  ///< one for every group, or one per group (set on the groups when made)
+  std::vector<double> max_lr;   ///< one for every group, or one per group
+  std::int64_t step_size_up = 2000;
+  std::optional<std::int64_t> step_size_down{};  ///< step_size_up when not given
+  enum class Mode { triangular, triangular2, exp_range } mode = Mode::triangular;
+  double gamma = 1.0;  ///< exp_range's gamma ^ iterations
+  /// A custom scale policy (replaces mode's), called with the cycle or the iteration (scale_mode).
+  std::function<double(double)> scale_fn{};
+  enum class ScaleMode { cycle, iterations } scale_mode = ScaleMode::cycle;  ///< used with scale_fn only
+  bool cycle_momentum = true;  ///< SGD's (or RMSprop's) momentum, or Adam's and AdamW's beta1
+  std::vector<double> base_momentum{0.8};  ///< one for every group, or one per group
+  std::vector<double> max_momentum{0.9};   ///< one for every group, or one per group
+};
+
+/// The cyclical learning rate policy (CLR), stepped after every batch: the lr goes between base_lr and max_lr
+/// (momentum the other way), the amplitude scaled per cycle or per iteration.
+class CyclicLR : public LRScheduler {
+ public:
+  CyclicLR(torch::optim::Optimizer& optimizer, CyclicLROptions options);
+
+ private:
+  std::vector<double> get_lr() override;
+  void own_state_before(StateDict& state) const override;
+  void own_state_after(StateDict& state) const override;
+  void load_own_state(const StateDict& state) override;
+  double scale(std::int64_t x) const;
+  std::vector<double> max_lrs_;
+  double total_size_, step_ratio_;
+  CyclicLROptions::Mode mode_;
+  double gamma_;
+  std::function<double(double)> scale_fn_;
+  CyclicLROptions::ScaleMode scale_mode_;
+  bool cycle_momentum_, use_beta1_ = false;
+  std::vector<double> base_momentums_, max_momentums_;
+};
+
+/// Steps every scheduler given, one after another, in each step() (e.g. ConstantLR and ExponentialLR at once).
+/// It owns them; they must be made on the same optimizer (`optimizer`, when given, or the first one's).
+class ChainedScheduler : public LRScheduler {
+ public:
+  explicit ChainedScheduler(std::vector<std::unique_ptr<LRScheduler>> schedulers,
+                            torch::optim::Optimizer* optimizer = nullptr);
+  void step() override;
+  /// Python's keys: _last_lr (and _step_count, _is_initial once SequentialLR started it), _schedulers.
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state) override;
+
+ private:
+  friend class SequentialLR;
+  std::vector<double> get_lr() override;  // called only by a SequentialLR restarting it: an error, as in Python
+  std::vector<std::unique_ptr<LRScheduler>> schedulers_;
+  bool started_ = false;  ///< initial_step() ran (SequentialLR's first scheduler)
+};
+
 struct ReduceLROnPlateauOptions {
   enum class Mode { min, max } mode = Mode::min;
   double factor = 0.1;
@@ -265,6 +363,9 @@ class ReduceLROnPlateau {
   const std::vector<double>& get_last_lr() const { return last_lr_; }
   std::int64_t last_epoch() const { return last_epoch_; }
   double best() const { return best_; }
+  const std::vector<double>& min_lrs() const { return min_lrs_; }
+  /// Python's `scheduler.min_lrs = [...]` (e.g. after add_param_group): one per param group, none negative.
+  void set_min_lrs(std::vector<double> min_lrs);
   std::int64_t num_bad_epochs() const { return num_bad_epochs_; }
   StateDict state_dict() const;
   void load_state_dict(const StateDict& state);
