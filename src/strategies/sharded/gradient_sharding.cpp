@@ -12,9 +12,9 @@
 #include "src/strategies/sharded/state.hpp"
 
 #include <algorithm>
-#include <string>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 namespace fulgur::distributed {
@@ -153,8 +153,7 @@ void GradientSharding::begin_backward() {
       const std::string stage = shard->shards_parameters() ? "3" : "2";
       throw MisconfigurationError("fulgur: ShardedStrategy<" + stage + ">: '" + name + "' was frozen when the "
                                   "strategy laid its optimizer out and requires grad now; its gradient would not be "
-                                  "reduced "
-                                  "across the ranks. Give the optimizer the trainable parameters only (as "
+                                  "reduced across the ranks. Give the optimizer the trainable parameters only (as "
                                   "BackboneFinetuning expects: the unfrozen ones then come as a new param group), "
                                   "or use ShardedStrategy<1> or DDPStrategy.");
     }
