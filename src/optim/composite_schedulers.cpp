@@ -11,6 +11,30 @@ namespace fulgur::optim {
 
 using namespace scheduler_support;
 
+namespace {
+
+/// SequentialLR's and ChainedScheduler's "_schedulers": each member's state, in order.
+c10::impl::GenericList child_states(const std::vector<std::unique_ptr<LRScheduler>>& schedulers) {
+  c10::impl::GenericList children(c10::AnyType::get());
+  for (const auto& s : schedulers) children.push_back(s->state_dict().to_ivalue());
+  return children;
+}
+
+/// "_schedulers" read back, every entry checked before any member loads one.
+std::vector<StateDict> checked_child_states(const StateDict& state, std::size_t count) {
+  const c10::IValue children = entry(state, "_schedulers");
+  if (!children.isList() || children.toListRef().size() != count)
+    bad_state("_schedulers", "does not hold one state for each of the " + std::to_string(count) + " schedulers");
+  std::vector<StateDict> states;
+  for (const c10::IValue& child : children.toListRef()) {
+    if (!child.isGenericDict()) bad_state("_schedulers", "holds a " + std::string(child.tagKind()) + ", not a state");
+    states.emplace_back(child.toGenericDict());
+  }
+  return states;
+}
+
+}  // namespace
+
 // ---- SequentialLR --------------------------------------------------------------------------------
 
 SequentialLR::SequentialLR(torch::optim::Optimizer& optimizer, std::vector<std::unique_ptr<LRScheduler>> schedulers,
@@ -76,24 +100,15 @@ StateDict SequentialLR::state_dict() const {
   state.insert("_milestones", c10::List<std::int64_t>(milestones_));
   state.insert("last_epoch", last_epoch_);
   state.insert("_last_lr", doubles(last_lr_));
-  c10::impl::GenericList children(c10::AnyType::get());
-  for (const auto& s : schedulers_) children.push_back(s->state_dict().to_ivalue());
-  state.insert("_schedulers", children);
+  state.insert("_schedulers", child_states(schedulers_));
   return state;
 }
 
 void SequentialLR::load_state_dict(const StateDict& state) {
-  const c10::IValue children = entry(state, "_schedulers");
-  if (!children.isList() || children.toListRef().size() != schedulers_.size())
-    bad_state("_schedulers", "does not hold one state for each of the " + std::to_string(schedulers_.size()) +
-                                 " schedulers");
+  const std::vector<StateDict> children = checked_child_states(state, schedulers_.size());
   const std::int64_t last_epoch = int_entry(state, "last_epoch");
   std::vector<double> last = doubles_entry(state, "_last_lr");
-  for (std::size_t i = 0; i < schedulers_.size(); ++i) {
-    const c10::IValue child = children.toListRef()[i];
-    if (!child.isGenericDict()) bad_state("_schedulers", "holds a " + std::string(child.tagKind()) + ", not a state");
-    schedulers_[i]->load_state_dict(StateDict(child.toGenericDict()));
-  }
+  for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers_[i]->load_state_dict(children[i]);
   last_epoch_ = last_epoch;
   last_lr_ = std::move(last);
 }
@@ -159,22 +174,14 @@ StateDict ChainedScheduler::state_dict() const {
     state.insert("_step_count", step_count_);
     state.insert("_is_initial", is_initial_);
   }
-  c10::impl::GenericList children(c10::AnyType::get());
-  for (const auto& s : schedulers_) children.push_back(s->state_dict().to_ivalue());
-  state.insert("_schedulers", children);
+  state.insert("_schedulers", child_states(schedulers_));
   return state;
 }
 
 void ChainedScheduler::load_state_dict(const StateDict& state) {
-  const c10::IValue children = entry(state, "_schedulers");
-  if (!children.isList() || children.toListRef().size() != schedulers_.size())
-    bad_state("_schedulers", "does not hold one state for each of the " + std::to_string(schedulers_.size()) +
-                                 " schedulers");
+  const std::vector<StateDict> children = checked_child_states(state, schedulers_.size());
   std::vector<double> last = doubles_entry(state, "_last_lr");
-  for (const c10::IValue& child : children.toListRef())
-    if (!child.isGenericDict()) bad_state("_schedulers", "holds a " + std::string(child.tagKind()) + ", not a state");
-  for (std::size_t i = 0; i < schedulers_.size(); ++i)
-    schedulers_[i]->load_state_dict(StateDict(children.toListRef()[i].toGenericDict()));
+  for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers_[i]->load_state_dict(children[i]);
   last_lr_ = std::move(last);
 }
 
