@@ -13,6 +13,7 @@
 
 #include "fulgur/checkpoint/io.hpp"
 #include "fulgur/state_dict.hpp"
+#include "tests/fuzz/rng.hpp"
 
 namespace checkpoint_fuzz {
 
@@ -215,17 +216,7 @@ inline Bytes python_seed() {
 
 // ---- mutations ---------------------------------------------------------------------------------
 
-struct Rng {
-  std::uint64_t state;
-  std::uint64_t next() {  // splitmix64
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  std::size_t below(std::size_t n) { return n == 0 ? 0 : static_cast<std::size_t>(next() % n); }
-  bool one_in(std::size_t n) { return below(n) == 0; }
-};
+using fuzzing::Rng;
 
 inline std::uint64_t interesting(Rng& rng, std::uint64_t original, std::uint64_t file_size) {
   switch (rng.below(12)) {

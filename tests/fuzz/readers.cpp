@@ -46,22 +46,13 @@
 #include "fulgur/errors.hpp"
 #include "tests/cli/tiny.hpp"
 #include "tests/fuzz/fork_batch_driver.hpp"
+#include "tests/fuzz/rng.hpp"
 
 namespace {
 
 using Bytes = std::string;
 
-struct Rng {
-  std::uint64_t state;
-  std::uint64_t next() {  // splitmix64
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  std::size_t below(std::size_t n) { return n == 0 ? 0 : static_cast<std::size_t>(next() % n); }
-  bool one_in(std::size_t n) { return below(n) == 0; }
-};
+using fuzzing::Rng;
 
 std::size_t at_most(std::size_t a, std::size_t b) { return std::min(a, b); }
 
