@@ -69,7 +69,10 @@ if(MODE STREQUAL "pch")
     message(STATUS "${TARGET} is compiled without a precompiled header: clang needs none either")
     return()
   endif()
-  execute_process(COMMAND "${COMPILER}" -x c++-header ${args} "${pch_header}" -o "${PCH}"
+  # -fpch-instantiate-templates: the headers' pending template instantiations are done once, in the
+  # header, not again in every case (CMake's PCH_INSTANTIATE_TEMPLATES does the same for its own clang
+  # headers): a case takes ~2.5 s instead of ~10.
+  execute_process(COMMAND "${COMPILER}" -x c++-header -fpch-instantiate-templates ${args} "${pch_header}" -o "${PCH}"
     WORKING_DIRECTORY "${directory}" RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output)
   if(NOT result EQUAL 0)
     message(FATAL_ERROR "${COMPILER} could not precompile ${pch_header}:\n${output}")
