@@ -11,12 +11,12 @@
 
 namespace fulgur::loops {
 
+FitState::CompletedStep::CompletedStep() = default;
+
 void FitState::remember_completed_step() {
   // The weights, optimizers and schedulers do not move until the next optimizer step, so the
   // position, the random state and the loader's own state are all a checkpoint of here needs.
-  // CompletedStep{}: clang reads CompletedStep as not default-constructible (a nested class with default
-  // member initializers, checked inside the enclosing class), so the empty emplace() does not compile there.
-  if (!completed_step_) completed_step_.emplace(CompletedStep{});
+  if (!completed_step_) completed_step_.emplace();
   completed_step_->progress = progress_;
   completed_step_->skipped_total = skipped_total_;
   completed_step_->loader = loop_link_.loader_state();

@@ -98,12 +98,11 @@ class EvaluationLoop {
   /// else runs each loader to its own limit (limit_*_batches; num_sanity_val_steps in the sanity check).
   EvaluationResult run(std::int64_t max_batches, EvaluationMode mode) {
     // Every hook of the run too, not only the steps (Lightning's _no_grad_context around run).
-    std::optional<torch::NoGradGuard> no_grad;
+    // A guard that sets grad mode to what it is (standalone, where InferenceMode turns it off) or off:
+    // std::optional<NoGradGuard> does the same, but GCC warns it may be read uninitialized at -O1 and up.
+    const c10::AutoGradMode grad_mode(mode == EvaluationMode::standalone && c10::GradMode::is_enabled());
     std::optional<c10::InferenceMode> inference;
-    if (mode == EvaluationMode::standalone)
-      inference.emplace();
-    else
-      no_grad.emplace();
+    if (mode == EvaluationMode::standalone) inference.emplace();
     StepContext& ctx = hook_.ctx();
     // Restored however run ends: an exception must not leave ctx pointing at this loop's metrics,
     // which may be gone when on_exception runs (found by ASan).

@@ -137,6 +137,7 @@ class FitState {
   /// parts are gathered); global rank 0 writes.
   /// Where the loop was after a completed optimizer step (mark_completed_step).
   struct CompletedStep {
+    CompletedStep();  // out of line: clang cannot default-construct a nested class with member initializers here
     FitProgress progress;
     std::int64_t skipped_total = 0;
     std::optional<StateDict> loader;  // the training loader's own state, if it keeps one
