@@ -9,6 +9,7 @@
 #include "fulgur/optim/swalr.hpp"
 #include "fulgur/update_bn.hpp"
 #include "src/callbacks/policy_names.hpp"
+#include "src/detail/error_text.hpp"
 
 namespace fulgur {
 
@@ -154,16 +155,8 @@ void StochasticWeightAveraging::recompute_batch_norm(TrainerView& trainer, torch
                            "(a forward-only pass of training_step over the training data) failed: ";
   try {
     trainer.forward_training_pass("StochasticWeightAveraging");
-  } catch (const Interrupted&) {
-    throw;
-  } catch (const StepError& e) {
-    throw StepError(what + e.what());
-  } catch (const DataError& e) {
-    throw DataError(what + e.what());
-  } catch (const MisconfigurationError& e) {
-    throw MisconfigurationError(what + e.what());
-  } catch (const std::exception& e) {
-    throw Error(what + e.what());
+  } catch (...) {
+    detail::rethrow_with_prefix(what);  // the same error type: a DistributedError stays one
   }
 }
 

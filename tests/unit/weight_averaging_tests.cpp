@@ -121,11 +121,13 @@ struct ProbeNetImpl : NetImpl {
   std::int64_t forward_only_steps = 0;
   bool trained_in_pass = false;
   bool fail_in_pass = false;
+  bool peer_lost_in_pass = false;
   at::Tensor training_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
     if (!torch::GradMode::is_enabled()) {
       ++forward_only_steps;
       trained_in_pass = is_training();
       if (fail_in_pass) throw std::runtime_error("the probe's step failed");
+      if (peer_lost_in_pass) throw DistributedError("fulgur: the probe's peer was lost");
     }
     at::Tensor loss = torch::nn::functional::cross_entropy(forward(b.input), b.target);
     ctx.log("step_loss", loss);
@@ -605,6 +607,17 @@ TEST_CASE("StochasticWeightAveraging's batch-norm pass: no loss, manual optimiza
     CHECK_FALSE(net->is_training());
     CHECK(net->bn->options.momentum() == 0.1);
   }
+  {  // A fulgur error inside the pass keeps its type (a lost peer stays a DistributedError), prefixed.
+    torch::manual_seed(10);
+    ProbeNet net;
+    net->peer_lost_in_pass = true;
+    auto [train, val] = loaders();
+    Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, StochasticWeightAveraging> trainer(
+        test::quiet({.max_epochs = 2}), StochasticWeightAveraging({.swa_lrs = {0.05}, .swa_epoch_start = std::int64_t{1}}));
+    const std::string message = message_of<DistributedError>([&] { trainer.fit(net, train); });
+    CHECK_THAT(message, Catch::StartsWith("StochasticWeightAveraging: recomputing the batch-norm statistics"));
+    CHECK_THAT(message, Catch::EndsWith("failed: fulgur: the probe's peer was lost"));
+  }
   {  // SWA never started: no pass, the warning.
     torch::manual_seed(11);
     ProbeNet net;
@@ -629,6 +642,28 @@ TEST_CASE("StochasticWeightAveraging's batch-norm pass: no loss, manual optimiza
                Catch::Contains("PassInEpoch: a forward pass over the training data cannot run inside a "
                                "training epoch"));
   }
+}
+
+TEST_CASE("StochasticWeightAveraging's batch-norm pass: a profiler counts its training_step calls with training's",
+          "[weight_averaging][swa_bn]") {
+  // docs/weight_averaging.md says so, as Lightning's extra epoch is profiled.
+  torch::manual_seed(13);
+  ProbeNet net;
+  auto [train, val] = loaders();
+  const std::string dir = test::scratch_folder("swa_bn_profiler");
+  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision, SimpleProfiler, StochasticWeightAveraging> trainer(
+      test::quiet({.max_epochs = 2, .default_root_dir = dir}), SimpleProfiler({.filename = "perf", .print = false}),
+      StochasticWeightAveraging({.swa_lrs = {0.05}, .swa_epoch_start = std::int64_t{1}}));
+  const auto result = trainer.fit(net, train);
+  REQUIRE(net->forward_only_steps == 8);
+  int rows = 0;
+  for (const auto& row : trainer.callback<SimpleProfiler>().rows())
+    if (row.action.ends_with(".training_step")) {
+      CAPTURE(row.action);
+      CHECK(row.calls == result.global_step + net->forward_only_steps);  // 16 trained + 8 in the pass
+      ++rows;
+    }
+  CHECK(rows > 0);
 }
 
 TEST_CASE("StochasticWeightAveraging's batch-norm pass converts the batches as training does (double precision)",
