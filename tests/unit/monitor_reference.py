@@ -112,6 +112,70 @@ def monitor(out):
         out.write(f"{n} step {float(step)!r}\n")
 
 
+def lr_monitor(out):
+    """LearningRateMonitor (log_momentum, log_weight_decay) over the schedulers of issue 34: CyclicLR per step
+    cycling SGD's momentum, and ChainedScheduler(ConstantLR, PolynomialLR) per epoch on Adam (beta1 as momentum)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import LearningRateMonitor
+    from lightning.pytorch.loggers import Logger
+    from torch.optim import lr_scheduler as sched
+
+    class Recorder(Logger):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        @property
+        def name(self):
+            return "recorder"
+
+        @property
+        def version(self):
+            return 0
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+        def log_metrics(self, metrics, step=None):
+            kept = {k: v for k, v in metrics.items() if k.startswith("lr-")}
+            if kept:
+                self.calls.append((step, kept))
+
+    class Net(pl.LightningModule):
+        def __init__(self, kind):
+            super().__init__()
+            self.kind = kind
+            self.fc = torch.nn.Linear(8, 3)
+
+        def training_step(self, batch, i):
+            return torch.nn.functional.cross_entropy(self.fc(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            if self.kind == "cyclic":
+                sgd = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+                cyclic = sched.CyclicLR(sgd, base_lr=0.01, max_lr=0.1, step_size_up=3, mode="triangular2")
+                return {"optimizer": sgd, "lr_scheduler": {"scheduler": cyclic, "interval": "step"}}
+            adam = torch.optim.Adam(self.parameters(), lr=0.01, betas=(0.85, 0.99))
+            chained = sched.ChainedScheduler([sched.ConstantLR(adam, factor=0.5, total_iters=2),
+                                              sched.PolynomialLR(adam, total_iters=3, power=2.0)])
+            return {"optimizer": adam, "lr_scheduler": {"scheduler": chained, "interval": "epoch"}}
+
+    for kind in ("cyclic", "chained"):
+        recorder = Recorder()
+        trainer = pl.Trainer(max_epochs=3, log_every_n_steps=1, logger=recorder,
+                             callbacks=[LearningRateMonitor(log_momentum=True, log_weight_decay=True)],
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             accelerator="cpu", devices=1)
+        data = DataLoader(TensorDataset(torch.randn(16, 8), torch.randint(3, (16,))), batch_size=4)
+        trainer.fit(Net(kind), data)
+        for n, (step, metrics) in enumerate(recorder.calls):
+            for key, value in sorted(metrics.items()):
+                out.write(f"{kind}{n} {key} {float(value)!r}\n")
+            out.write(f"{kind}{n} step {float(step)!r}\n")
+
+
 PEAK_NAMES = ["NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200", "NVIDIA H200 SXM1",
               "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 3080 Ti",
               "NVIDIA GeForce RTX 4080 SUPER", "NVIDIA L4", "Tesla L40", "NVIDIA A10G", "Tesla T4", "Tesla V100-SXM2-16GB",
@@ -185,4 +249,5 @@ if __name__ == "__main__":
         if command == "grad_norm":
             grad_norm(sys.argv[2], out)
         else:
-            {"throughput": throughput, "monitor": monitor, "peak": peak, "flops": flops}[command](out)
+            {"throughput": throughput, "monitor": monitor, "lr_monitor": lr_monitor, "peak": peak,
+             "flops": flops}[command](out)

@@ -153,6 +153,67 @@ TEST_CASE("ThroughputMonitor logs what Lightning's logs, at the same steps, on t
                                                              Catch::EndsWith("got 1"));
 }
 
+// ---- LearningRateMonitor over the schedulers added with issue 34 -------------------------------------------
+
+namespace {
+struct ScheduledImpl : torch::nn::Module {
+  explicit ScheduledImpl(bool cyclic) : cyclic(cyclic), fc(register_module("fc", torch::nn::Linear(8, 3))) {}
+  at::Tensor training_step(const data::Batch& b, std::int64_t) {
+    return torch::nn::functional::cross_entropy(fc(b.input), b.target);
+  }
+  OptimizerConfig configure_optimizers() {
+    if (cyclic) {
+      auto sgd = std::make_unique<torch::optim::SGD>(parameters(),
+                                                     torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01));
+      auto schedule = std::make_unique<optim::CyclicLR>(
+          *sgd, optim::CyclicLROptions{.base_lr = {0.01}, .max_lr = {0.1}, .step_size_up = 3,
+                                       .mode = optim::CyclicLROptions::Mode::triangular2});
+      return {.optimizer = std::move(sgd), .lr_scheduler = std::move(schedule), .interval = SchedulerInterval::step};
+    }
+    auto adam = std::make_unique<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.01).betas({0.85, 0.99}));
+    std::vector<std::unique_ptr<optim::LRScheduler>> parts;
+    parts.push_back(std::make_unique<optim::ConstantLR>(*adam, 0.5, 2));
+    parts.push_back(std::make_unique<optim::PolynomialLR>(*adam, 3, 2.0));
+    auto chained = std::make_unique<optim::ChainedScheduler>(std::move(parts));
+    return {.optimizer = std::move(adam), .lr_scheduler = std::move(chained), .interval = SchedulerInterval::epoch};
+  }
+  bool cyclic;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(Scheduled);
+}  // namespace
+
+TEST_CASE("LearningRateMonitor logs Lightning's keys and values over CyclicLR (momentum cycled) and ChainedScheduler",
+          "[monitors][lr_monitor]") {
+  const Reference lightning = python_reference("lr_monitor");
+  for (const std::string kind : {"cyclic", "chained"}) {
+    CAPTURE(kind);
+    torch::manual_seed(0);
+    Scheduled model(kind == "cyclic");
+    test::CpuTrainer<FloatPrecision, LearningRateMonitor, Recorder> trainer(
+        test::quiet({.max_epochs = 3, .log_every_n_steps = 1}),
+        LearningRateMonitor({.log_momentum = true, .log_weight_decay = true}), Recorder());
+    trainer.fit(model, data::TensorLoader(torch::randn({16, 8}), torch::randint(3, {16}, at::kLong), {.batch_size = 4}));
+    std::vector<std::pair<std::int64_t, Metrics>> ours;
+    for (const auto& [step, metrics] : trainer.callback<Recorder>().calls) {
+      Metrics kept;
+      for (const auto& [key, value] : metrics)
+        if (key.rfind("lr-", 0) == 0) kept[key] = value;
+      if (!kept.empty()) ours.emplace_back(step, kept);
+    }
+    std::vector<std::pair<std::int64_t, Metrics>> expected;
+    for (int n = 0; lightning.contains(kind + std::to_string(n)); ++n) {
+      Metrics values;
+      for (const auto& [key, value] : lightning.at(kind + std::to_string(n))) values[key] = value;
+      const auto step = static_cast<std::int64_t>(values.at("step"));
+      values.erase("step");
+      expected.emplace_back(step, values);
+    }
+    REQUIRE(expected.size() == (kind == "cyclic" ? 12u : 3u));
+    CHECK(ours == expected);  // the same steps, keys and values, to the bit
+  }
+}
+
 TEST_CASE("ThroughputMonitor: MFU from a given peak, and without FLOPs a warning", "[monitors][throughput]") {
   Counted model;
   test::CpuTrainer<FloatPrecision, ThroughputMonitor, Recorder> trainer(
