@@ -47,18 +47,14 @@ def throughput(out):
                 out.write(f"{case}.{i} {key} {float(value)!r}\n")
 
 
-def monitor(out):
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-    import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import ThroughputMonitor
-    from lightning.pytorch.callbacks import throughput_monitor as tm
+def recording_logger(keep):
+    """A Lightning logger that records (step, keep(metrics)) for each log_metrics call keep leaves non-empty."""
     from lightning.pytorch.loggers import Logger
 
-    tm.time = types.SimpleNamespace(perf_counter=clock())  # the monitor's clock only
-
     class Recorder(Logger):
-        calls = []
+        def __init__(self):
+            super().__init__()
+            self.calls = []
 
         @property
         def name(self):
@@ -72,8 +68,21 @@ def monitor(out):
             pass
 
         def log_metrics(self, metrics, step=None):
-            if any(k.split("/")[0] in ("train", "validate", "test", "predict") for k in metrics):
-                self.calls.append((step, dict(metrics)))
+            kept = keep(dict(metrics))
+            if kept:
+                self.calls.append((step, kept))
+
+    return Recorder()
+
+
+def monitor(out):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ThroughputMonitor
+    from lightning.pytorch.callbacks import throughput_monitor as tm
+
+    tm.time = types.SimpleNamespace(perf_counter=clock())  # the monitor's clock only
 
     class Net(pl.LightningModule):
         flops_per_batch = 1000
@@ -97,7 +106,9 @@ def monitor(out):
     def loader(n):
         return DataLoader(TensorDataset(torch.randn(n, 8), torch.randint(3, (n,))), batch_size=4)
 
-    recorder = Recorder()
+    recorder = recording_logger(
+        lambda metrics: metrics if any(k.split("/")[0] in ("train", "validate", "test", "predict") for k in metrics)
+        else {})
     monitor = ThroughputMonitor(batch_size_fn=lambda b: b[0].size(0), length_fn=lambda b: b[0].numel(), window_size=2)
     trainer = pl.Trainer(max_epochs=2, accumulate_grad_batches=2, log_every_n_steps=2, logger=recorder,
                          callbacks=[monitor], enable_checkpointing=False, enable_progress_bar=False,
@@ -119,29 +130,7 @@ def lr_monitor(out):
     from torch.utils.data import DataLoader, TensorDataset
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import LearningRateMonitor
-    from lightning.pytorch.loggers import Logger
     from torch.optim import lr_scheduler as sched
-
-    class Recorder(Logger):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
-        @property
-        def name(self):
-            return "recorder"
-
-        @property
-        def version(self):
-            return 0
-
-        def log_hyperparams(self, *args, **kwargs):
-            pass
-
-        def log_metrics(self, metrics, step=None):
-            kept = {k: v for k, v in metrics.items() if k.startswith("lr-")}
-            if kept:
-                self.calls.append((step, kept))
 
     class Net(pl.LightningModule):
         def __init__(self, kind):
@@ -163,7 +152,7 @@ def lr_monitor(out):
             return {"optimizer": adam, "lr_scheduler": {"scheduler": chained, "interval": "epoch"}}
 
     for kind in ("cyclic", "chained"):
-        recorder = Recorder()
+        recorder = recording_logger(lambda metrics: {k: v for k, v in metrics.items() if k.startswith("lr-")})
         trainer = pl.Trainer(max_epochs=3, log_every_n_steps=1, logger=recorder,
                              callbacks=[LearningRateMonitor(log_momentum=True, log_weight_decay=True)],
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
