@@ -8,7 +8,7 @@
 #                           compile_fail.twins (fulgur_compile_fail_twins(), called once after the last
 #                           case): g++ instantiates a precompiled header's pending templates again in every
 #                           translation unit (~6 s of LibTorch's, whatever the case), so 33 twins cost one
-#                           of those instead of 35. TORCH_FREE cases, and OWN_TWIN ones (a source that
+#                           of those instead of 33. TORCH_FREE cases, and OWN_TWIN ones (a source that
 #                           needs include directories of its own), keep compile_fail.NAME.twin.
 # In a g++ build where a clang++ is installed (FULGUR_CLANG_CXX), one more checks the failure under
 #   clang: compile_fail.NAME.clang (the g++ build's flags less -Werror: clang's own warnings are the
