@@ -7,6 +7,7 @@
 #include <fulgur/checkpoint/io.hpp>
 #include <fulgur/update_bn.hpp>
 
+#include "batch_norm_net.hpp"
 #include "worker.hpp"
 
 using namespace fulgur;
@@ -141,23 +142,7 @@ void swa() {
   check(same_on_every_rank(trainer, callback.average(), "swa"), "swa: every rank holds rank 0's average");
 }
 
-struct BatchNormNetImpl : torch::nn::Module {
-  BatchNormNetImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(8, 16))),
-        bn(register_module("bn", torch::nn::BatchNorm1d(16))),
-        fc2(register_module("fc2", torch::nn::Linear(16, 3))) {}
-  at::Tensor forward(const at::Tensor& x) { return fc2(torch::relu(bn(fc1(x)))); }
-  at::Tensor training_step(const data::Batch& b, std::int64_t) {
-    return torch::nn::functional::cross_entropy(forward(b.input), b.target);
-  }
-  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
-    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  }
-  torch::nn::Linear fc1;
-  torch::nn::BatchNorm1d bn;
-  torch::nn::Linear fc2;
-};
-TORCH_MODULE(BatchNormNet);
+using test::BatchNormNet;
 
 /// SWA on a batch-norm module without the update_bn option: the callback's own pass over each rank's
 /// shard gives each rank fulgur::update_bn's statistics over that shard (per-rank, no SyncBatchNorm).
