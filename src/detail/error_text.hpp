@@ -16,7 +16,8 @@ inline std::string without_fulgur_prefix(std::string text) {
 /// Inside a catch block: the exception being handled thrown again as the same fulgur error type, its
 /// message after `prefix`, so that a caller's `catch (const DistributedError&)` still matches; an
 /// Interrupted (or Preempted) goes on unchanged (fit reads its signal); anything that is not a fulgur
-/// error becomes an Error.
+/// error becomes an Error. A new error type in errors.hpp gets its catch here, a derived type
+/// before its base (else it comes out as the base).
 [[noreturn]] inline void rethrow_with_prefix(const std::string& prefix) {
   try {
     throw;
