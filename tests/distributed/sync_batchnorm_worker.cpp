@@ -74,7 +74,7 @@ void expect_close(const at::Tensor& a, const at::Tensor& b, const std::string& w
 void parity(const std::string& dir) {
   DDPOptions o = worker::options();
   const int world = env_int("WORLD_SIZE");
-  distributed::DataParallel dp(ParallelDevices{std::vector<c10::Device>(world, c10::kCPU)}, o);
+  distributed::DataParallel dp(ParallelDevices{std::vector<c10::Device>(static_cast<std::size_t>(world), c10::kCPU)}, o);
   dp.connect(DDPBackend::gloo);
   const int rank = dp.environment().rank;
   for (const Case& c : cases()) {
