@@ -97,6 +97,7 @@ struct TorchProfiler::State {
   ProfilerSetup setup{};
   std::string dir, table_path;
   std::int64_t step = 0;
+  std::int64_t steps_in_trace = 0;  // steps begun while this recording is on: none, and its trace is not a step's
   Phase phase = Phase::none;
   bool prepared = false, enabled = false;
   bool ready = false;  // set up for a stage that has not reported yet
@@ -150,6 +151,7 @@ struct TorchProfiler::State {
     prepare();
     kineto::enableProfiler(config(), activities());
     enabled = true;
+    steps_in_trace = 0;
   }
   /// Stops recording; the trace is written (save) or dropped.
   void finish(bool save) {
@@ -265,6 +267,7 @@ void TorchProfiler::start(Action action) {
   State& s = *state_;
   State::Open open{action.id(), nullptr, false};
   if (s.enabled) {
+    if (s.is_step(action.id())) ++s.steps_in_trace;
     open.range = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
     if (open.range->isActive()) open.range->before(std::string_view(s.name_of(action.id())));
   }
@@ -299,7 +302,9 @@ void TorchProfiler::stop(Action action) noexcept {
 void TorchProfiler::describe() {
   State& s = *state_;
   if (!std::exchange(s.ready, false)) return;  // its set-up failed: the stage's error says why
-  if (recording(s.phase)) s.finish(true);
+  // A stage that ends as the recording opens recorded only its own ending (on_train_end, teardown):
+  // not a trace of any step, so not written (a stage cut inside a recorded step keeps that part).
+  if (recording(s.phase)) s.finish(s.steps_in_trace > 0);
   else if (s.enabled || s.prepared) s.finish(false);
   s.phase = Phase::none;
   std::string table;
@@ -309,7 +314,8 @@ void TorchProfiler::describe() {
     const ProfilerSchedule& sc = s.options.schedule;
     table = "fulgur: TorchProfiler recorded no step in " + std::string(to_string(s.setup.stage)) + ": it ran " +
              std::to_string(s.step) + " step(s), and the schedule records from step " +
-             std::to_string(sc.skip_first + sc.wait + sc.warmup) + " on (skip_first + wait + warmup); shorten it.\n";
+             std::to_string(sc.skip_first + sc.wait + sc.warmup + 1) + " on (after skip_first + wait + warmup); shorten "
+             "it.\n";
   }
   if (!s.table_path.empty()) profiling::append_report(s.table_path, table);
   if (s.setup.global_rank == 0) std::cout << table << std::flush;

@@ -284,6 +284,19 @@ TEST_CASE("TorchProfiler: a schedule that records nothing is refused, a stage to
   auto val = loader();
   trainer.validate(net, val);
   CHECK(trainer.callback<TorchProfiler>().trace_files().empty());
-  CHECK(read_file(dir + "/validate-late.txt").find("recorded no step in validate: it ran 4 step(s)") !=
+  CHECK(read_file(dir + "/validate-late.txt")
+            .find("recorded no step in validate: it ran 4 step(s), and the schedule records from step 13 on") !=
+        std::string::npos);
+
+  // The stage ends just as the recording opens (after 2 waited + 2 warm-up steps): what it would record
+  // is the stage's own ending, not a step, so no trace, and the same notice (probe finding: a trace
+  // numbered as a cycle, holding on_validation_end and teardown only).
+  test::CpuTrainer<FloatPrecision, TorchProfiler> edge(
+      test::quiet({.default_root_dir = dir}),
+      TorchProfiler({.filename = "edge", .schedule = {.wait = 2, .warmup = 2, .active = 3}}));
+  edge.validate(net, val);
+  CHECK(edge.callback<TorchProfiler>().trace_files().empty());
+  CHECK(read_file(dir + "/validate-edge.txt")
+            .find("recorded no step in validate: it ran 4 step(s), and the schedule records from step 5 on") !=
         std::string::npos);
 }
