@@ -72,6 +72,17 @@ void warn_cut_short(const LRFindOptions& options, std::int64_t steps, std::int64
 
 }  // namespace lr_finder
 
+namespace {
+/// Why no suggestion: the points recorded (num_training steps while the training data lasts, the
+/// reason the search's own notice gives when it ran out) against the skips, or the losses.
+std::string too_few_points_advice(std::int64_t between, std::int64_t skip_begin, std::int64_t skip_end) {
+  if (between >= 2) return "the losses are NaN or infinite: check the model and data at min_lr";
+  if (skip_end == 0) return "skip_end = 0 leaves no point (results[skip_begin:-skip_end], as Lightning): give skip_end >= 1";
+  return "a suggestion needs more than skip_begin + skip_end + 1 = " + std::to_string(skip_begin + skip_end + 1) +
+         " points: more steps (num_training, and training data that lasts that long) or smaller skips";
+}
+}  // namespace
+
 std::optional<std::size_t> LRFinderResult::suggestion_index(std::int64_t skip_begin, std::int64_t skip_end) const {
   // Python's results[skip_begin:-skip_end] (so skip_end = 0 leaves nothing, as in Lightning).
   const auto n = static_cast<std::int64_t>(losses.size());
@@ -91,8 +102,7 @@ std::optional<std::size_t> LRFinderResult::suggestion_index(std::int64_t skip_be
     std::cerr << lr_finder::not_enough_points << " (fulgur: " << n << " points recorded, " << std::max<std::int64_t>(0, end - begin)
               << " of them between skip_begin = " << skip_begin << " and skip_end = " << skip_end << ", "
               << kept_losses.size() << " finite"
-              << (end - begin < 2 ? "; num_training must exceed skip_begin + skip_end + 1" : "; the losses are NaN or infinite: check the model and data at min_lr")
-              << ".)" << std::endl;
+              << "; " << too_few_points_advice(end - begin, skip_begin, skip_end) << ".)" << std::endl;
     return std::nullopt;
   }
   const auto count = static_cast<std::int64_t>(kept_losses.size());

@@ -447,10 +447,17 @@ TEST_CASE("lr_find: refused options and modules, with Lightning's messages where
     std::ostringstream captured;
     std::streambuf* const original = std::cerr.rdbuf(captured.rdbuf());
     const auto short_search = lr_find(limited, model, loader, {.num_training = 20});
+    const bool suggested = short_search.suggestion().has_value();
     std::cerr.rdbuf(original);
     CHECK(short_search.lrs.size() == 12);
     CHECK_THAT(captured.str(), Catch::Contains("fulgur: lr_find ran 12 of num_training = 20 steps: the training data "
                                                "ran out after 3 epochs"));
+    // 12 points, 1 between skip_begin = 10 and skip_end = 1: the advice is about the points, not
+    // num_training, which is already larger (a new-user probe: it blamed num_training).
+    CHECK_FALSE(suggested);
+    CHECK_THAT(captured.str(), Catch::Contains("a suggestion needs more than skip_begin + skip_end + 1 = 12 points: "
+                                               "more steps (num_training, and training data that lasts that long)"));
+    CHECK_THAT(captured.str(), !Catch::Contains("num_training must exceed"));
   }
   test::CpuTrainer<FloatPrecision> empty_epochs(test::quiet({.limit_train_batches = 0}));
   CHECK_THROWS_AS(lr_find(empty_epochs, model, loader), DataError);
