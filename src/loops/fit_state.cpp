@@ -324,6 +324,7 @@ StateDict FitState::loop_state(const FitProgress& progress, std::int64_t skipped
   s.insert("metrics", mid_epoch ? c10::IValue(train_metrics_.state()) : c10::IValue(c10::impl::GenericList(c10::AnyType::get())));
   s.insert("views", views_.state());
   if (loader) s.insert("loader", loader->to_ivalue());
+  if (mid_epoch && max_batches_ >= 0) s.insert("epoch_batches", max_batches_);  // what its rest belongs to
   return s;
 }
 
@@ -485,6 +486,7 @@ StateDict FitState::restore_progress(const StateDict& c) {
   progress_.skipped_in_a_row = count("skipped_in_a_row");
   skipped_total_ = count("skipped_total");
   resume_batch_ = count("batch_idx");
+  resume_epoch_batches_ = loop.contains("epoch_batches") ? count("epoch_batches") : -1;  // older checkpoints: none
   // Inside a window its length must stay; checked once the resumed epoch started (restore_epoch_position),
   // where a GradientAccumulationScheduler has set the factor of that epoch.
   resume_accumulate_ = loop.contains("accumulate_grad_batches") ? count("accumulate_grad_batches") : config_.accumulate_grad_batches;
@@ -527,6 +529,14 @@ void FitState::restore_views(c10::Device device) { views_.load_state(resume_view
 
 void FitState::restore_epoch_position() {
   const std::int64_t saved = resume_accumulate_, batch = progress_.batches_in_epoch;
+  // Other data under the same position (a checkpoint past this epoch's end is the epoch loop's error).
+  if (resume_epoch_batches_ >= 0 && max_batches_ >= 0 && resume_epoch_batches_ != max_batches_ && batch < max_batches_)
+    warn("fulgur: " + checkpoint_name() + " was taken after batch " + std::to_string(batch - 1) + " of epoch " +
+         std::to_string(progress_.epochs_done) + ", an epoch of " + std::to_string(resume_epoch_batches_) +
+         " batches; this run's has " + std::to_string(max_batches_) + " (another batch size, dataset or "
+         "limit_train_batches), so the rest of the epoch is not the rest of the one it was cut from: samples are "
+         "skipped or seen twice. For an exact continuation resume with the data, batch size and "
+         "limit_train_batches it was trained on, or from a checkpoint at an epoch's end.");
   if (batch % saved != 0 && saved != config_.accumulate_grad_batches)
     throw CheckpointError("fulgur: " + checkpoint_name() + " was taken inside a gradient-accumulation window (batch " +
                           std::to_string(batch % saved) + " of " + std::to_string(saved) + ", its "

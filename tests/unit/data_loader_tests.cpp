@@ -396,6 +396,25 @@ TEST_CASE("data loader: a fit resumed mid-epoch with workers continues the same 
   std::multiset<std::int64_t> expected;
   for (std::int64_t i = 18; i < 48; ++i) expected.insert(epoch1[i].item<std::int64_t>());
   CHECK(std::multiset<std::int64_t>(resumed_data.read->begin(), resumed_data.read->end()) == expected);
+
+  // Resumed with another batch size, the position means other samples (a new-user probe: it went on
+  // silently): batch 3 of an epoch of 4 batches of 12 warns; of 3 batches of 16, it is past the end.
+  auto resume_with = [&](std::int64_t batch_size) {
+    test::Classifier model;
+    DataLoader loader(TensorDataset(x, y), {.batch_size = batch_size, .shuffle = true, .seed = 2});
+    test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 2}));
+    return trainer.fit(model, loader, FitOptions{.ckpt_path = folder + "/mid.ckpt"});
+  };
+  const FitResult same = resume_with(6);
+  CHECK(same.warnings.empty());
+  const FitResult other = resume_with(12);
+  CHECK(other.global_step == 12);  // epoch 1 goes on at batch 3, the last of its 4
+  REQUIRE(other.warnings.size() == 1);
+  CHECK_THAT(other.warnings.front(), Catch::Contains("taken after batch 2 of epoch 1, an epoch of 8 batches; this "
+                                                     "run's has 4 (another batch size") &&
+                                         Catch::Contains("samples are skipped or seen twice"));
+  CHECK_THAT(test::message_of<CheckpointError>([&] { (void)resume_with(16); }),
+             Catch::Contains("continues epoch 1 at batch 3, but the training data has only 3 batches"));
 }
 
 TEST_CASE("data loader: a token file read by workers gives the windows TokenDataset's get_batch makes", "[data][loader][files]") {

@@ -194,6 +194,7 @@ class FitState {
   bool resuming_ = false, loader_restored_ = false;
   std::int64_t resume_batch_ = 0;
   std::int64_t resume_accumulate_ = 1;  // the factor in force when the checkpoint was taken
+  std::int64_t resume_epoch_batches_ = -1;  // the batches of the epoch it was taken in (-1: unknown, or at its end)
   c10::impl::GenericList resume_metrics_{c10::AnyType::get()};
   c10::impl::GenericDict resume_views_{c10::StringType::get(), c10::AnyType::get()};
   StateDict resume_rank_;
