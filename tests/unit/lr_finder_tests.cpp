@@ -448,7 +448,10 @@ TEST_CASE("lr_find: refused options and modules, with Lightning's messages where
     std::streambuf* const original = std::cerr.rdbuf(captured.rdbuf());
     const auto short_search = lr_find(limited, model, loader, {.num_training = 20});
     const bool suggested = short_search.suggestion().has_value();
+    const bool suggested_without_skip_end = short_search.suggestion(0, 0).has_value();  // [0:-0]: nothing
     std::cerr.rdbuf(original);
+    CHECK_FALSE(suggested_without_skip_end);
+    CHECK_THAT(captured.str(), Catch::Contains("skip_end = 0 leaves no point"));
     CHECK(short_search.lrs.size() == 12);
     CHECK_THAT(captured.str(), Catch::Contains("fulgur: lr_find ran 12 of num_training = 20 steps: the training data "
                                                "ran out after 3 epochs"));
