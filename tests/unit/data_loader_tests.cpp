@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <ranges>
 #include <set>
 #include <thread>
 
@@ -295,6 +296,57 @@ TEST_CASE("data loader: an epoch's iterator outlives its loader, two epochs run 
   for (const auto& outer : loader)
     for (const auto& inner : loader) pairs += outer.target.size(0) * inner.target.size(0);
   CHECK(pairs == 64);
+}
+
+namespace sampler_ranges {
+struct Iota {  // a view: begin/end as members, input iterators over int
+  auto indices(std::int64_t) const { return std::views::iota(0, 6) | std::views::transform([](int i) { return 5 - i; }); }
+};
+struct Span {
+  std::int64_t order[3] = {2, 0, 1};
+  std::span<const std::int64_t> indices(std::int64_t) const { return order; }
+};
+struct Countdown {  // begin/end found by ADL only, as range-for finds them
+  int n;
+};
+struct CountdownIterator {
+  using difference_type = std::ptrdiff_t;
+  using value_type = int;
+  int i;
+  int operator*() const { return i; }
+  CountdownIterator& operator++() { --i; return *this; }
+  void operator++(int) { --i; }
+  bool operator==(const CountdownIterator&) const = default;
+};
+CountdownIterator begin(const Countdown& c) { return {c.n - 1}; }
+CountdownIterator end(const Countdown&) { return {-1}; }
+struct AdlOnly {
+  Countdown indices(std::int64_t) const { return {4}; }
+};
+struct Doubles {
+  std::vector<double> indices(std::int64_t) const { return {0.0}; }
+};
+struct NotARange {
+  std::int64_t indices(std::int64_t) const { return 0; }
+};
+}  // namespace sampler_ranges
+
+TEST_CASE("data loader: a user sampler is any range of integers range-for can walk", "[data][loader]") {
+  using namespace sampler_ranges;
+  STATIC_REQUIRE(data::user_sampler<Iota>);
+  STATIC_REQUIRE(data::user_sampler<Span>);
+  STATIC_REQUIRE(data::user_sampler<AdlOnly>);
+  STATIC_REQUIRE_FALSE(data::user_sampler<Doubles>);
+  STATIC_REQUIRE_FALSE(data::user_sampler<NotARange>);
+  auto first_of_each_batch = [](auto loader) {
+    std::vector<std::int64_t> firsts;
+    for (const auto& [input, target] : epoch_of(loader)) firsts.push_back(target[0].template item<std::int64_t>());
+    return firsts;
+  };
+  CHECK(first_of_each_batch(DataLoader(CountingDataset{.n = 6}, {.batch_size = 2}, Iota{})) ==
+        std::vector<std::int64_t>{5, 3, 1});
+  CHECK(first_of_each_batch(DataLoader(CountingDataset{.n = 6}, {.batch_size = 1}, AdlOnly{})) ==
+        std::vector<std::int64_t>{3, 2, 1, 0});
 }
 
 TEST_CASE("data loader: shards, user samplers and options that cannot work", "[data][loader][errors]") {
