@@ -45,7 +45,7 @@ void validate_config(const TrainerConfig& c) {
   at_least("num_nodes", c.num_nodes, 1);
   at_least("max_restarts", c.max_restarts, 0, " (0: a failed worker ends the run)");
   if (const int* n = std::get_if<int>(&c.devices); n && *n == 0)
-    refuse("devices", "must ask for at least one device (an int > 0, -1 for all, or a list such as \"0,1\")", "0");
+    refuse("devices", "must ask for at least one device (an int > 0, -1 for all, or with CUDAAccelerator a list of device ids such as \"0,1\")", "0");
   const BatchAmount& interval = c.val_check_interval;
   if (interval.is_fraction() && !(interval.fraction() > 0.0 && interval.fraction() <= 1.0))
     refuse("val_check_interval", "as a fraction of an epoch must lie in (0, 1] (an integer counts batches)",

@@ -21,6 +21,7 @@
 #include <boost/hana/type.hpp>
 #include <boost/hana/unpack.hpp>
 
+#include <cctype>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -260,7 +261,9 @@ auto dispatch(std::string_view accelerator, std::string_view strategy, std::stri
   accelerator = detail::canonical_accelerator(accelerator);
   if (accelerator == "auto")
     accelerator = detail::has_name(typename Axes::accelerators{}, "cuda") && CUDAAccelerator::is_available() ? "cuda" : "cpu";
-  strategy = detail::canonical_strategy(strategy);
+  std::string lowered(strategy);  // strategy names in any case, as Lightning's Trainer(strategy="DDP")
+  for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  strategy = detail::canonical_strategy(lowered);
   precision = detail::canonical_precision(precision);
   const bool accelerator_known = detail::has_name(typename Axes::accelerators{}, accelerator);
   if (strategy == "auto")

@@ -107,9 +107,13 @@ void EarlyStopping::check(TrainerView& trainer) {
     reason = "Monitored metric " + options_.monitor + " did not improve in the last " + std::to_string(wait_count_) +
              " records. Best score: " + fixed3(best_score_) + ". Signaling Trainer to stop.";
   }
+  const bool asked_here = stop;
   stop = trainer.reduce_boolean_decision(stop, /*all=*/false);
   if (stop) {
     stopped_epoch_ = trainer.current_epoch();
+    if (!asked_here)  // this rank's own check found no reason: say why fit stops here all the same
+      reason = "Monitored metric " + options_.monitor + " asked to stop on another rank (one rank suffices)" +
+               (reason.empty() ? "" : "; on this rank: " + reason) + ". Signaling Trainer to stop.";
     reason_message_ = reason;
     trainer.request_stop("EarlyStopping: " + reason);
   }

@@ -17,6 +17,10 @@ DistributedSampler::DistributedSampler(std::int64_t dataset_size, DistributedSam
     throw DataError("Invalid rank " + std::to_string(options_.rank) + ", rank should be in the interval [0, " +
                     std::to_string(options_.world_size - 1) + "]");
   const std::int64_t world = options_.world_size;
+  if (!options_.pad) {  // len(range(rank, N, world))
+    num_samples_ = size_ > options_.rank ? (size_ - options_.rank + world - 1) / world : 0;
+    return;
+  }
   num_samples_ = options_.drop_last && size_ % world != 0 ? (size_ - world + world - 1) / world  // ceil((N-W)/W)
                                                           : (size_ + world - 1) / world;          // ceil(N/W)
   if (num_samples_ < 0) num_samples_ = 0;
@@ -32,6 +36,7 @@ at::Tensor DistributedSampler::indices(std::int64_t epoch) const {
     order = at::arange(size_, long_options);
   }
   const std::int64_t total = total_size();
+  if (!options_.pad) return order.slice(0, options_.rank, size_, options_.world_size).contiguous();
   if (total > size_) {  // pad with the first indices, repeated as often as needed
     const std::int64_t repeats = (total + size_ - 1) / size_;
     order = order.repeat({repeats}).narrow(0, 0, total);

@@ -58,7 +58,8 @@ DataParallel::DataParallel(const ParallelDevices& parallel, const DDPOptions& op
     launch_local_workers({local, parallel.num_nodes, parallel.max_restarts});
   if (env.world_size != expected)
     throw MisconfigurationError(
-        "the launcher started " + std::to_string(env.world_size) + " processes (WORLD_SIZE/SLURM_NTASKS), but the "
+        "the launcher started " + std::to_string(env.world_size) + (env.world_size == 1 ? " process" : " processes") +
+        " (WORLD_SIZE/SLURM_NTASKS), but the "
         "Trainer was configured for devices=" + std::to_string(local) + " x num_nodes=" +
         std::to_string(parallel.num_nodes) + " = " + std::to_string(expected) +
         "; make them agree (torchrun --nproc-per-node / #SBATCH --ntasks-per-node must equal devices).");

@@ -215,11 +215,12 @@ void ShardedGradientReducer::finalize_backward() {
   std::vector<std::string> unused;
   for (auto& slot : s.slots) {
     if (slot.state != State::SlotState::waiting) continue;
-    if (!s.find_unused) {
+    if (!s.find_unused && slot.param.requires_grad()) {
       unused.push_back(slot.name);
       continue;
     }
-    // No gradient from this backward: what accumulated earlier (no_backward_sync), or zeros.
+    // No gradient from this backward (unused, or frozen for it: toggle_optimizer): what accumulated
+    // earlier (no_backward_sync), or zeros. Every rank still sends the bucket, so none waits.
     slot.state = State::SlotState::held;
     ++s.buckets[slot.bucket].ready;
   }
@@ -229,7 +230,11 @@ void ShardedGradientReducer::finalize_backward() {
     s.wait_all_quietly();
     throw DistributedError("fulgur: ShardedStrategy: the parameter(s) " + names + " got no gradient in this backward "
                            "on rank " + std::to_string(s.group->rank()) + ", so their reduce-scatter cannot complete. "
-                           "Make every parameter take part in the loss, or set DDPOptions::find_unused_parameters = true.");
+                           "Make every parameter take part in the loss, freeze the ones that do not "
+                           "(requires_grad_(false), as toggle_optimizer does), or set find_unused_parameters = true ("
+                           + std::string(s.buckets.front().owner->shards_parameters()
+                                             ? "FSDPOptions, ShardedStrategy<3>'s options"
+                                             : "DDPOptions, ShardedStrategy<1> and <2>'s options") + ").");
   }
   try {
     for (std::size_t b = s.next_to_launch; b < s.buckets.size(); ++b) {

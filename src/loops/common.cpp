@@ -20,6 +20,18 @@ std::string position_text(std::string_view step, std::int64_t epoch, std::int64_
          " (global_step " + std::to_string(global_step) + ")";
 }
 
+void say_repeated_samples(std::vector<std::string>& warnings, Stage stage, std::int64_t repeated, int world_size,
+                          int global_rank) {
+  const std::string text =
+      "fulgur: " + std::string(to_string(stage)) + " under " + std::to_string(world_size) + " processes evaluated " +
+      std::to_string(repeated) + " sample" + (repeated == 1 ? "" : "s") + " twice: the data do not divide by the "
+      "number of processes, and the shards are padded with repeated samples so that every rank runs the same "
+      "batches (as Lightning's DistributedSampler). For each sample exactly once, " + std::string(to_string(stage)) +
+      " with devices = 1, or give the loader a sample count that divides evenly.";
+  if (global_rank == 0) std::cerr << text << std::endl;
+  warnings.push_back(text);
+}
+
 bool stop_if_signalled(int world_size, c10::function_ref<bool(bool)> any_rank, c10::function_ref<std::string()> where,
                        bool training_done) {
   const int local_preemption = detail::preemption_signal();
@@ -70,7 +82,11 @@ void raise_non_finite_loss(double value, const StepContext& ctx, std::int64_t st
       std::string(precision) + "'" +
       (every_step || last_finite_step < 0 ? std::string(".")
                                           : "; it was last seen finite at global_step " + std::to_string(last_finite_step) + ".") +
-      " Lower the learning rate, clip gradients (TrainerConfig::gradient_clip_val) or check the data for NaN/inf" +
+      (precision == "16-true" ? " Under '16-true' an Adam or AdamW with its default eps (1e-8, which rounds to 0 in "
+                                "float16) divides by zero: give it eps(1e-4), or train with SGD, 'bf16-true' or "
+                                "'16-mixed'. Otherwise:"
+                              : "") +
+      std::string(" Lower the learning rate, clip gradients (TrainerConfig::gradient_clip_val) or check the data for NaN/inf") +
       (every_step ? std::string(".") : "; set finite_loss_check = FiniteLossCheck::every_step to stop at the first bad batch."));
 }
 

@@ -34,6 +34,9 @@ FitState::FitState(const TrainerConfig& config, torch::nn::Module& module, detai
 FitState::~FitState() = default;
 
 void FitState::warn(std::string text) {
+  // Said once: a warning that comes back every epoch (a non-strict monitor never logged) is the same
+  // news each time (Python's warnings module shows one call site's text once too).
+  if (std::find(warnings_.begin(), warnings_.end(), text) != warnings_.end()) return;
   if (global_rank_ == 0) std::cerr << text << std::endl;
   warnings_.push_back(std::move(text));
 }
@@ -280,7 +283,8 @@ StateDict FitState::checkpoint_state(bool weights_only, const CompletedStep* at)
   c.insert("loops", loops.to_ivalue());
   if (!weights_only) {
     c.insert("callbacks", at != nullptr && at->callbacks ? at->callbacks->to_ivalue()
-                                                         : host_link_.callback_states().to_ivalue());
+                          : at == nullptr && frozen_callbacks_ ? frozen_callbacks_->to_ivalue()
+                                                               : host_link_.callback_states().to_ivalue());
     c10::impl::GenericList optimizer_states(c10::AnyType::get()), schedulers(c10::AnyType::get());
     for (const auto& config : optimizers_) {
       optimizer_states.push_back(host_link_.optimizer_state(*config.optimizer).to_ivalue());
@@ -294,13 +298,19 @@ StateDict FitState::checkpoint_state(bool weights_only, const CompletedStep* at)
   if (auto hparams = loop_link_.module_hyperparameters()) c.insert("hyper_parameters", *hparams);
   StateDict stamp = checkpoint::stamp(host_link_.combination_name(), world_size_);
   stamp.insert("loggers", host_link_.logger_versions().to_ivalue());
-  if (!weights_only) stamp.insert("ranks", rank_states(at).to_ivalue());
+  if (!weights_only) stamp.insert("ranks", rank_states(at, loop).to_ivalue());
   c.insert("fulgur", stamp.to_ivalue());
   loop_link_.on_save_checkpoint(c);
   return c;
 }
 
 void FitState::remove_checkpoint(const std::string& path) { host_link_.remove_checkpoint(path); }
+
+void FitState::freeze_position() {
+  frozen_loop_ = current_loop_state();
+  // A copy (deepcopy: callbacks may hold tensors they change in place).
+  frozen_callbacks_ = StateDict(host_link_.callback_states().to_ivalue().deepcopy().toGenericDict());
+}
 
 StateDict FitState::current_loop_state() {
   if (frozen_loop_) return *frozen_loop_;
@@ -328,8 +338,14 @@ StateDict FitState::loop_state(const FitProgress& progress, std::int64_t skipped
   return s;
 }
 
-StateDict FitState::rank_states(const CompletedStep* at) {
+StateDict FitState::rank_states(const CompletedStep* at, const StateDict& loop) {
   StateDict mine = at != nullptr ? at->random : checkpoint::random_state();
+  // What this rank's epoch logged so far, and its last logged values: under several ranks they differ
+  // (a value logged without sync_dist, each rank's own batches), and fit_loop's copy is global rank 0's.
+  if (world_size_ > 1) {
+    mine.insert("epoch_metrics", loop.at("metrics"));
+    mine.insert("views", loop.at("views"));
+  }
   // A completed step is a window's end: no gradients pending there.
   const bool accumulating = at == nullptr && progress_.in_epoch &&
                             progress_.batches_in_epoch % config_.accumulate_grad_batches != 0;
@@ -390,7 +406,7 @@ StateDict FitState::read_checkpoint(const std::string& chosen) {
     throw CheckpointError("fulgur: " + what + " holds weights only (save_weights_only), so training cannot go "
                           "on from it; load its 'state_dict' into the module instead (checkpoint::module_weights).");
   if (world != world_size_)
-    throw CheckpointError("fulgur: " + what + " was written by " + std::to_string(world) + " processes, this run "
+    throw CheckpointError("fulgur: " + what + " was written by " + std::to_string(world) + (world == 1 ? " process" : " processes") + ", this run "
                           "has " + std::to_string(world_size_) + "; each rank's random state and data "
                           "shard belong to its rank: resume with the same devices x num_nodes.");
   checkpoint_path_ = path;
@@ -521,6 +537,8 @@ StateDict FitState::restore_progress(const StateDict& c) {
   resume_views_ = checkpoint::require(loop, "views", what).toGenericDict();
   const auto ranks = checkpoint::require_dict(checkpoint::require_dict(c, "fulgur", what), "ranks", what).at("per_rank").toList();
   resume_rank_ = StateDict(ranks.get(static_cast<std::size_t>(global_rank_)).toGenericDict());
+  if (resume_rank_.contains("epoch_metrics")) resume_metrics_ = resume_rank_.at("epoch_metrics").toList();
+  if (resume_rank_.contains("views")) resume_views_ = resume_rank_.at("views").toGenericDict();
   resuming_ = true;
   return loop;
 }

@@ -447,6 +447,8 @@ void callbacks() {
   const auto result = trainer.fit(model, train, val);
   check(result.epochs.size() == 2, "both ranks stop after epoch 1, got " + std::to_string(result.epochs.size()) + " epochs");
   check(result.stop_reason.rfind("EarlyStopping", 0) == 0, "the stop reason names EarlyStopping: " + result.stop_reason);
+  check(result.stop_reason.find(my_rank == 1 ? "did not improve" : "asked to stop on another rank") != std::string::npos,
+        "each rank's stop reason says why it stopped: " + result.stop_reason);
   check((my_rank == 0) == !progress.str().empty(), "the progress bar draws on rank 0 only");
   trainer.barrier("written");
   const std::string version0 = root + "/lightning_logs/version_0";
@@ -534,6 +536,76 @@ struct SaveInEpoch {
     if (trainer.current_epoch() == epoch && trainer.batch_idx() == batch) trainer.save_checkpoint(path);
   }
 };
+
+// A checkpoint taken inside an epoch keeps each rank's partial epoch aggregates (fit_loop's copy is
+// global rank 0's): resumed from it, a value each rank logs for itself and one logged with sync_dist
+// end that epoch as in the straight fit, on both ranks.
+struct RankLoggedImpl : NetImpl {
+  at::Tensor training_step(const data::Batch& b, std::int64_t i, StepContext& ctx) {
+    ctx.log("own", 10.0 * my_rank + static_cast<double>(i), {.on_step = false, .on_epoch = true});
+    ctx.log("synced", static_cast<double>(my_rank), {.on_step = false, .on_epoch = true, .sync_dist = true});
+    return NetImpl::training_step(b, i);
+  }
+};
+TORCH_MODULE(RankLogged);
+
+void resume_metrics() {
+  auto [x, y] = dataset(64);
+  const char* port = std::getenv("MASTER_PORT");
+  const std::string checkpoint = std::string("/tmp/fulgur_ddp_resume_metrics_") + (port ? port : "0") + ".ckpt";
+  const auto ddp_fit = [&](SaveInEpoch save, const std::string& resume) {
+    torch::manual_seed(3);
+    RankLogged model;
+    Trainer<CPUAccelerator, Gloo, FloatPrecision, SaveInEpoch> trainer(config({.max_epochs = 2}), options(),
+                                                                       std::move(save));
+    my_rank = trainer.global_rank();
+    data::TensorLoader loader(x, y, {.batch_size = 8});
+    auto result = trainer.fit(model, loader, FitOptions{.ckpt_path = resume});
+    trainer.barrier();  // the checkpoint is written before any rank resumes from it
+    return result.epochs.back().metrics;
+  };
+  const Metrics straight = ddp_fit({1, 1, checkpoint}, "");
+  const Metrics resumed = ddp_fit({}, checkpoint);
+  check(straight.at("own") == 10.0 * my_rank + 1.5, "each rank's own epoch mean (batches 0-3)");
+  check(straight.at("synced") == 0.5, "the synced epoch mean is the ranks' mean");
+  check(resumed.at("own") == straight.at("own"),
+        "resumed after batch 1 of epoch 1, rank " + std::to_string(my_rank) + "'s own epoch mean is its own (" +
+            std::to_string(resumed.at("own")) + ", straight " + std::to_string(straight.at("own")) + ")");
+  check(resumed.at("synced") == straight.at("synced"),
+        "resumed, the synced epoch mean is the straight fit's (" + std::to_string(resumed.at("synced")) + ")");
+  if (my_rank == 0) std::remove(checkpoint.c_str());
+}
+
+// 17 samples on 2 ranks: predict shards without repeats (Lightning's UnrepeatedDistributedSampler:
+// 9 + 8 predictions, each sample once); validate pads as DistributedSampler does and says so.
+struct SampleIdsImpl : NetImpl {
+  at::Tensor predict_step(const data::Batch& b, std::int64_t) { return b.input.select(1, 0); }
+};
+TORCH_MODULE(SampleIds);
+
+void uneven_evaluation() {
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config(), options());
+  my_rank = trainer.global_rank();
+  const at::Tensor ids = at::arange(17, at::kFloat);
+  const at::Tensor x = ids.unsqueeze(1).expand({17, 8}).contiguous();
+  const at::Tensor y = at::zeros({17}, at::kLong);
+  SampleIds model;
+  data::TensorLoader loader(x, y, {.batch_size = 4});
+  const auto predictions = trainer.predict(model, loader);
+  std::vector<at::Tensor> mine(predictions.begin(), predictions.end());
+  const at::Tensor local = at::cat(mine);
+  check(local.numel() == (my_rank == 0 ? 9 : 8), "rank " + std::to_string(my_rank) + " predicts its share once: " +
+                                                     std::to_string(local.numel()) + " samples");
+  at::Tensor padded = at::full({9}, -1.0f);
+  padded.narrow(0, 0, local.numel()).copy_(local);
+  const auto all = trainer.all_gather(padded);
+  at::Tensor seen = at::cat({all[0], all[1]});
+  seen = std::get<0>(seen.masked_select(seen >= 0).sort());
+  check(torch::equal(seen, ids), "the ranks' predictions together are every sample exactly once");
+  const auto validated = trainer.validate(model, loader);
+  check(validated.warnings.size() == 1 && validated.warnings[0].find("evaluated 1 sample twice") != std::string::npos,
+        "validate says the padded sample was evaluated twice");
+}
 
 void backbone_finetuning() {
   constexpr std::int64_t B = 8, N = 128, epochs = 3;
@@ -905,6 +977,8 @@ int main(int argc, char** argv) {
                        else if (scenario == "profiler") profiled_fit();
                        else if (scenario == "accumulation_schedule") accumulation_schedule();
                        else if (scenario == "backbone_finetuning") backbone_finetuning();
+                       else if (scenario == "resume_metrics") resume_metrics();
+                       else if (scenario == "uneven_evaluation") uneven_evaluation();
                        else if (scenario == "stop_on_one_rank") stop_on_one_rank();
                        else if (scenario == "on_exception") on_exception();
                        else if (scenario == "two_nodes") two_nodes();

@@ -215,6 +215,11 @@ void variants() {
       {"manual optimization, two optimizers, toggled",
        max_difference(train<DDP, FloatPrecision, Gan>({.max_epochs = 1}, unused),
                       train<Zero<Stage>, FloatPrecision, Gan>({.max_epochs = 1}, unused))},
+      // The same without find_unused_parameters: the half toggle_optimizer froze gets no gradient in
+      // that backward, and is not waited for (stages 2 and 3 stopped with "got no gradient" before).
+      {"manual optimization, two optimizers, toggled, find_unused_parameters off",
+       max_difference(train<DDP, FloatPrecision, Gan>({.max_epochs = 1}),
+                      train<Zero<Stage>, FloatPrecision, Gan>({.max_epochs = 1}))},
       {"buckets of 512 bytes", max_difference(train<DDP, FloatPrecision>({.max_epochs = 1}, small_buckets),
                                               train<Zero<Stage>, FloatPrecision>({.max_epochs = 1}, small_buckets))},
       {"gradient accumulation over 3 batches", max_difference(train<DDP, FloatPrecision>(accumulate),
@@ -949,6 +954,32 @@ struct PenalizedDeepImpl : DeepImpl {
 };
 TORCH_MODULE(PenalizedDeep);
 
+// Manual optimization of two halves with toggle_optimizer (a GAN's pattern), find_unused_parameters
+// off: the half toggled off in a backward is not waited for (stage 3 stopped with "got no gradient").
+struct ToggledDeepImpl : DeepImpl {
+  static constexpr bool automatic_optimization = false;
+  void training_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
+    for (std::int64_t k = 0; k < 2; ++k) {
+      auto& optimizer = ctx.optimizer(k);
+      ctx.toggle_optimizer(optimizer);
+      optimizer.zero_grad();
+      const double scale = 1.0 - 0.5 * static_cast<double>(k);
+      ctx.manual_backward(torch::nn::functional::cross_entropy(forward(b.input.narrow(1, 0, 7) * scale), b.target));
+      optimizer.step();
+      ctx.untoggle_optimizer(optimizer);
+    }
+  }
+  std::vector<OptimizerConfig> configure_optimizers() {
+    std::vector<at::Tensor> body = inp->parameters();
+    for (const auto& p : blocks->parameters()) body.push_back(p);
+    std::vector<OptimizerConfig> configs;
+    configs.push_back({std::make_unique<torch::optim::Adam>(body, 1e-2)});
+    configs.push_back({std::make_unique<torch::optim::SGD>(out->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9))});
+    return configs;
+  }
+};
+TORCH_MODULE(ToggledDeep);
+
 /// Stage 3 against DDP: each policy's units, 32-true and bf16-mixed, with and without clipping.
 /// The forward and backward see DDP's weights exactly (all-gathered copies of the same steps); the
 /// gradients are reduce-scattered as stage 2's, so stage 2's tolerance applies.
@@ -987,6 +1018,13 @@ void parity3() {
     const auto sharded = train_deep<Zero<3>, FloatPrecision, PenalizedDeep>({}, fsdp(WrapPolicy::by_type<Block>()));
     check(max_difference(ddp, sharded) <= tolerance<2>(false),
           "an op over two units' weights: stage 3 equals DDP (max difference " + std::to_string(max_difference(ddp, sharded)) + ")");
+  }
+  {
+    const auto ddp = train_deep<DDP, FloatPrecision, ToggledDeep>({}, options());
+    const auto sharded = train_deep<Zero<3>, FloatPrecision, ToggledDeep>({}, fsdp(WrapPolicy::by_type<Block>()));
+    check(max_difference(ddp, sharded) <= tolerance<2>(false),
+          "manual optimization, two optimizers toggled, find_unused_parameters off: stage 3 equals DDP (max "
+          "difference " + std::to_string(max_difference(ddp, sharded)) + ")");
   }
   // the policies' units, by name
   Trainer<CPUAccelerator, Zero<3>, FloatPrecision> by_type(config(), fsdp(WrapPolicy::by_type<Block>()));

@@ -597,6 +597,34 @@ std::vector<std::string> files_in(const std::string& folder) {
 
 }  // namespace
 
+TEST_CASE("a max_steps stop inside an epoch, resumed: its end counts once, as in a run that never stopped (probe)",
+          "[checkpoint][resume][early_stopping]") {
+  // The stop runs the epoch's end (as Lightning): EarlyStopping checks the partial epoch (wait 1). The
+  // checkpoint resumes inside that epoch, so its end runs again at the real end; the callbacks' states
+  // in it are from before the stop's end, so that check is not counted twice (the resumed run stopped
+  // an epoch early before).
+  const std::string folder = scratch_folder("stop_epoch_end");
+  auto [x, y] = test::classification_data(32);
+  auto run = [&](TrainerConfig config, const std::string& resume, const std::string& save) {
+    torch::manual_seed(7);
+    ScoredNet net;
+    net->scores = {5.0, 4.0, 4.5, 4.6, 4.7, 4.8};
+    config.enable_progress_bar = false;
+    Trainer<CPU, Single, FloatPrecision, EarlyStopping> trainer(config, EarlyStopping({.monitor = "score", .patience = 2}));
+    const FitResult result = trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 8}), FitOptions{.ckpt_path = resume});
+    if (!save.empty()) trainer.save_checkpoint(save);
+    return std::pair{result, trainer.callback<EarlyStopping>().stopped_epoch()};
+  };
+  const auto straight = run({.max_epochs = 6}, "", "");
+  REQUIRE(straight.first.global_step == 16);  // epochs 2 and 3 do not improve on 4.0
+  const auto stopped = run({.max_epochs = 6, .max_steps = 10}, "", folder + "/stopped.ckpt");
+  CHECK(stopped.first.global_step == 10);  // after batch 1 of epoch 2
+  const auto resumed = run({.max_epochs = 6}, folder + "/stopped.ckpt", "");
+  CHECK(resumed.first.global_step == straight.first.global_step);
+  CHECK(resumed.second == straight.second);
+  CHECK(resumed.first.stop_reason == straight.first.stop_reason);
+}
+
 TEST_CASE("ModelCheckpoint keeps the best save_top_k by its monitor, and last.ckpt", "[checkpoint][model_checkpoint]") {
   const std::string folder = scratch_folder("top_k");
   ScoredNet net;

@@ -520,6 +520,7 @@ TEST_CASE("dispatch: run-time strings pick the compiled Trainer type, a wrong ch
   STATIC_REQUIRE(count(shipped_trainers) ==
                  count(shipped_accelerators) * count(shipped_strategies) * count(shipped_precisions));
   CHECK(dispatch("cpu", "ddp", "bf16-mixed", name_of) == "cpu/ddp/bf16-mixed");
+  CHECK(dispatch("cpu", "DDP", "bf16-mixed", name_of) == "cpu/ddp/bf16-mixed");  // strategies in any case (Lightning)
 }
 
 TEST_CASE("dispatch: the sharded strategies, 'auto' on each axis, and errors that name the wrong axis (probe)",

@@ -68,7 +68,7 @@ TEST_CASE("config: devices = -1 is all devices on every accelerator, preemption.
   CHECK(CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1, .devices = "-1"})).fit(model, train).global_step == 2);
   // What the check offers for 0 is what the accelerator takes.
   const auto zero = test::message_of<MisconfigurationError>([] { CpuTrainer<FloatPrecision> t(test::quiet({.devices = 0})); });
-  CHECK_THAT(zero, Catch::Contains("-1 for all"));
+  CHECK_THAT(zero, Catch::Contains("-1 for all") && Catch::Contains("with CUDAAccelerator a list"));  // the CPU takes none
   CHECK_THAT(test::message_of<MisconfigurationError>([] { CPUAccelerator::parse_devices(-2); }),
              Catch::StartsWith("`devices` selected with `CPUAccelerator` should be an int > 0 (or -1 for all, which on "
                                "the CPU is 1 process), got -2."));
@@ -350,13 +350,14 @@ struct PlateauImpl : test::ClassifierImpl {
     optimizer = sgd.get();
     auto plateau = std::make_unique<torch::optim::ReduceLROnPlateauScheduler>(
         *sgd, torch::optim::ReduceLROnPlateauScheduler::min, /*factor=*/0.5, /*patience=*/0);
-    return {.optimizer = std::move(sgd), .lr_scheduler = std::move(plateau), .monitor = monitor};
+    return {.optimizer = std::move(sgd), .lr_scheduler = std::move(plateau), .monitor = monitor, .strict = strict};
   }
   at::Tensor training_step(const data::Batch& b, std::int64_t i) { return ClassifierImpl::training_step(b, i) * 0.0; }
   void on_train_end() { final_lr = optimizer->param_groups()[0].options().get_lr(); }  // fit owns the optimizer
   torch::optim::Optimizer* optimizer = nullptr;
   double final_lr = 0.0;
   std::string monitor = "val_loss";
+  bool strict = true;
 };
 TORCH_MODULE(Plateau);
 }  // namespace
@@ -378,6 +379,15 @@ TEST_CASE("ReduceLROnPlateau steps on its monitored metric, a metric never logge
                Catch::StartsWith("ReduceLROnPlateau conditioned on metric val_acc which is not available. Available "
                                  "metrics are: [") &&
                    Catch::Contains("'val_loss'"));
+  }
+  {  // not strict: skipped with a warning, said once, not once per epoch (the new-user probe saw 3 copies)
+    Plateau model;
+    model->monitor = "val_acc";
+    model->strict = false;
+    const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 3, .num_sanity_val_steps = 0})).fit(model, train, val);
+    REQUIRE(r.warnings.size() == 1);
+    CHECK_THAT(r.warnings[0], Catch::Contains("val_acc"));
+    CHECK(model->final_lr == 1.0);
   }
 }
 

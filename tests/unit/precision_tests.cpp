@@ -272,3 +272,21 @@ TEST_CASE("'-true' precisions convert regression targets with the inputs, mixed 
   CHECK(regression_target_dtypes<BF16MixedPrecision>() == V{at::kFloat, at::kFloat});
   CHECK(regression_target_dtypes<FloatPrecision>() == V{at::kFloat, at::kFloat});
 }
+
+// The new-user probe: under '16-true' Adam's default eps is 0 in float16, and a gradient of 0 makes
+// its update 0 / 0; the NaN error said only "lower the learning rate".
+TEST_CASE("16-true with Adam's default eps: the NaN error names the cause", "[precision][dtype]") {
+  struct IdleParameterImpl : test::ClassifierImpl {  // ClassifierImpl trains with Adam
+    IdleParameterImpl() { idle = register_parameter("idle", torch::ones({2})); }
+    at::Tensor training_step(const data::Batch& b, std::int64_t i) {
+      return test::ClassifierImpl::training_step(b, i) + 0.0 * idle.sum();  // its gradient is exactly 0
+    }
+    at::Tensor idle;
+  };
+  auto [x, y] = test::classification_data(32);
+  auto model = std::make_shared<IdleParameterImpl>();
+  test::CpuTrainer<FP16TruePrecision> trainer(test::quiet({.max_epochs = 1}));
+  const auto message =
+      test::message_of<NonFiniteLossError>([&] { trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 8})); });
+  CHECK_THAT(message, Catch::Contains("eps(1e-4)") && Catch::Contains("'16-true'"));
+}

@@ -247,6 +247,16 @@ class DataLoader {
                    DistributedSamplerOptions{rank, world_size, options_.shuffle, options_.seed, drop_last});
     return *this;
   }
+  /// predict's sharding: every sample on exactly one rank, none repeated (the ranks' shares differ by one at most).
+  DataLoader& shard_without_repeats(int rank, int world_size) {
+    detail::check_shard(rank, world_size);
+    shard_.emplace(num_samples_unsharded(), DistributedSamplerOptions{.rank = rank, .world_size = world_size,
+                                                                      .shuffle = options_.shuffle,
+                                                                      .seed = options_.seed, .pad = false});
+    return *this;
+  }
+  /// The samples a shard repeats to even the ranks out (0 unsharded).
+  std::int64_t repeated_samples() const { return shard_ ? shard_->repeated_samples() : 0; }
   void set_epoch(std::int64_t epoch) { next_epoch_.set(epoch); }
 
   /// The sample indices of an epoch, in order (what the batches of that epoch read).

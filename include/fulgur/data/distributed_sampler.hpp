@@ -6,6 +6,7 @@
 // Every rank gets the same number of samples, disjoint up to the padding, and a new order each epoch.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -17,6 +18,9 @@ struct DistributedSamplerOptions {
   bool shuffle = true;
   std::uint64_t seed = 0;
   bool drop_last = false;  ///< drop the tail that does not divide evenly instead of padding
+  /// false: no sample repeated, the ranks' shares differ by one at most (Lightning's
+  /// UnrepeatedDistributedSampler, what predict shards with); drop_last is then ignored.
+  bool pad = true;
 };
 
 class DistributedSampler {
@@ -27,7 +31,10 @@ class DistributedSampler {
   at::Tensor indices(std::int64_t epoch) const;
 
   std::int64_t num_samples() const { return num_samples_; }
-  std::int64_t total_size() const { return num_samples_ * options_.world_size; }
+  /// The samples all ranks see together, repeated ones included.
+  std::int64_t total_size() const { return options_.pad ? num_samples_ * options_.world_size : size_; }
+  /// How many of them repeat a sample to even the ranks' shares out (padding).
+  std::int64_t repeated_samples() const { return std::max<std::int64_t>(total_size() - size_, 0); }
   const DistributedSamplerOptions& options() const { return options_; }
 
  private:

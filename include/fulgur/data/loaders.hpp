@@ -47,6 +47,19 @@ class LoaderSetOperations {
     });
     return self();
   }
+  Set& shard_without_repeats(int rank, int world_size) {
+    self().each([&](auto& l, std::int64_t) {
+      if constexpr (requires { l.shard_without_repeats(rank, world_size); }) l.shard_without_repeats(rank, world_size);
+    });
+    return self();
+  }
+  std::int64_t repeated_samples() {
+    std::int64_t n = 0;
+    self().each([&](auto& l, std::int64_t) {
+      if constexpr (requires { l.repeated_samples(); }) n += l.repeated_samples();
+    });
+    return n;
+  }
   void set_epoch(std::int64_t epoch) {
     self().each([&](auto& l, std::int64_t) {
       if constexpr (requires { l.set_epoch(epoch); }) l.set_epoch(epoch);

@@ -75,7 +75,16 @@ class TensorLoader {
     sampler_.emplace(dataset_size(), DistributedSamplerOptions{rank, world_size, options_.shuffle, options_.seed, drop_last});
     return *this;
   }
+  /// predict's sharding: every sample on exactly one rank, none repeated (the ranks' shares differ by one at most).
+  TensorLoader& shard_without_repeats(int rank, int world_size) {
+    sampler_.emplace(dataset_size(), DistributedSamplerOptions{.rank = rank, .world_size = world_size,
+                                                               .shuffle = options_.shuffle, .seed = options_.seed,
+                                                               .pad = false});
+    return *this;
+  }
   const std::optional<DistributedSampler>& sampler() const { return sampler_; }
+  /// The samples a shard repeats to even the ranks out (0 unsharded).
+  std::int64_t repeated_samples() const { return sampler_ ? sampler_->repeated_samples() : 0; }
   void set_epoch(std::int64_t epoch) { next_epoch_ = epoch; }
   const TensorLoaderOptions& options() const { return options_; }
 

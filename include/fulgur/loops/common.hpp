@@ -280,6 +280,11 @@ void run_setup_hooks(Host& host, HookCallerOf<Host, Module>& hook, Stage stage) 
   }
 }
 
+/// validate/test under several ranks: the padding that evens the shards out is evaluated twice (Lightning
+/// warns too); said once, on global rank 0, and returned in the result's warnings on every rank.
+void say_repeated_samples(std::vector<std::string>& warnings, Stage stage, std::int64_t repeated, int world_size,
+                          int global_rank);
+
 /// A stage that only evaluates (validate, test, predict): the set-up hooks, the module converted
 /// to the precision and moved to the device, as fit does (under DDP without the broadcast of rank
 /// 0's weights, as in Lightning: give every rank the same weights), the
@@ -302,7 +307,15 @@ auto run_evaluation_stage(Host& host, Module& module, Data& data, Stage stage, R
     run_setup_hooks(host, hook, stage);
     host.setup_module(module, ModuleSetup::evaluation);
     auto&& loader = host.setup_dataloader(data);
+    if (host.world_size() > 1) {
+      if constexpr (requires { loader.shard_without_repeats(0, 1); })
+        if (stage == Stage::predict)  // Lightning's UnrepeatedDistributedSampler: each sample predicted once
+          loader.shard_without_repeats(host.global_rank(), host.world_size());
+    }
     auto result = run(hook, loader, views);
+    if constexpr (requires { loader.repeated_samples(); result.warnings; })
+      if (const std::int64_t repeated = loader.repeated_samples(); repeated > 0)
+        say_repeated_samples(result.warnings, stage, repeated, host.world_size(), host.global_rank());
     hook(hooks::teardown, stage);
     services.callbacks().finalize_loggers("success");
     services.callbacks().describe_profiler();

@@ -338,7 +338,7 @@ class FitLoop final : private detail::LoopLink, public FitState {
       }
       // OnExceptionCheckpoint's point before the epoch's end (on_train_epoch_end, its loggers, schedulers)
       if (completed) mark_trained_epoch(summary);
-      if (!completed && !frozen_loop_) frozen_loop_ = current_loop_state();  // cut short: resume inside this epoch
+      if (!completed && !frozen_loop_) freeze_position();  // cut short: resume inside this epoch
       finish_epoch(summary, completed);
       agree_on_stop();  // before done(): a stop asked for on one rank ends every rank's run here
       progress_.in_epoch = false;

@@ -159,6 +159,11 @@ class FitState {
   /// loader's own state), or before an epoch. An epoch cut short by a stop keeps its mid-epoch
   /// position (frozen then).
   StateDict current_loop_state();
+  /// A stop cut the epoch short: checkpoints written from here on (at its end, on_train_end, after fit)
+  /// resume inside it, after its last batch, with the callbacks as they were there. The end that runs
+  /// now (on_train_epoch_end: EarlyStopping's check of a stale score, ModelCheckpoint's save) then runs
+  /// once, at the epoch's real end, as in a run that never stopped.
+  void freeze_position();
 
   // ---- resume -----------------------------------------------------------------------------------
   /// The checkpoint fit resumes from (FitOptions::ckpt_path), read and checked before any hook
@@ -190,6 +195,7 @@ class FitState {
   std::vector<std::string> warnings_;
   FitResult result_;
   std::optional<StateDict> frozen_loop_;
+  std::optional<StateDict> frozen_callbacks_;
   std::string checkpoint_path_;
   bool resuming_ = false, loader_restored_ = false;
   std::int64_t resume_batch_ = 0;
@@ -206,7 +212,7 @@ class FitState {
   std::vector<std::string> removals_;
   std::string write_preemption_checkpoint();
   StateDict loop_state(const FitProgress& progress, std::int64_t skipped_total, std::optional<StateDict> loader) const;
-  StateDict rank_states(const CompletedStep* at);
+  StateDict rank_states(const CompletedStep* at, const StateDict& loop);
   void remember_completed_step();
   void remember_trained_batch(std::int64_t batch_idx, const PendingBatchEnd& pending);
   void remember_trained_epoch(const EpochSummary& summary);
