@@ -959,7 +959,7 @@ TORCH_MODULE(PenalizedDeep);
 struct ToggledDeepImpl : DeepImpl {
   static constexpr bool automatic_optimization = false;
   void training_step(const data::Batch& b, std::int64_t, StepContext& ctx) {
-    for (std::int64_t k = 0; k < 2; ++k) {
+    for (std::size_t k = 0; k < 2; ++k) {
       auto& optimizer = ctx.optimizer(k);
       ctx.toggle_optimizer(optimizer);
       optimizer.zero_grad();
