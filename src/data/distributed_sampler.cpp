@@ -17,6 +17,9 @@ DistributedSampler::DistributedSampler(std::int64_t dataset_size, DistributedSam
     throw DataError("Invalid rank " + std::to_string(options_.rank) + ", rank should be in the interval [0, " +
                     std::to_string(options_.world_size - 1) + "]");
   const std::int64_t world = options_.world_size;
+  // Fewer samples than ranks: unrepeated, some rank would have none, and a loop given no batches stops
+  // the run; padded, each rank gets one (a sample repeated) — predict's output then repeats it.
+  if (!options_.pad && size_ > 0 && size_ < world) options_.pad = true;
   if (!options_.pad) {  // len(range(rank, N, world))
     num_samples_ = size_ > options_.rank ? (size_ - options_.rank + world - 1) / world : 0;
     return;

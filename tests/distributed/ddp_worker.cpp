@@ -605,6 +605,12 @@ void uneven_evaluation() {
   const auto validated = trainer.validate(model, loader);
   check(validated.warnings.size() == 1 && validated.warnings[0].find("evaluated 1 sample twice") != std::string::npos,
         "validate says the padded sample was evaluated twice");
+  // Fewer samples than ranks: each rank predicts one (the sample repeated), rather than one rank getting
+  // none and stopping the run with "the predict data yielded no batches" (the recheck of the fix).
+  data::TensorLoader one(x.narrow(0, 0, 1), y.narrow(0, 0, 1), {.batch_size = 4});
+  const auto single = trainer.predict(model, one);
+  check(single.size() == 1 && single[0].numel() == 1 && single[0].item<float>() == 0.0f,
+        "a 1-sample predict on 2 ranks gives each rank that sample");
 }
 
 void backbone_finetuning() {
