@@ -3,7 +3,7 @@
 #
 #   scripts/check.sh asan    ASan + UBSan build (build-asan/): unit, checkpoint and distributed tests
 #   scripts/check.sh tsan    TSan build (build-tsan/): DDP, sharded, launcher and fault tests on 2 ranks, DataLoader workers
-#   scripts/check.sh clang   clang build (build-clang/): library, tests and compile-fail suite
+#   scripts/check.sh clang   clang build (build-clang/): library, tests, compile-fail suite, add_subdirectory consumer
 #   scripts/check.sh tidy    clang-tidy (.clang-tidy) over src/ and include/ (build-tidy/: configured only)
 #   scripts/check.sh fuzz    the readers of outside input fuzzed for a fixed budget (FULGUR_FUZZ_SECONDS
 #                            each, default 120): the seeded mutation fuzzers (checkpoint, npy, tokens, cli),
@@ -67,7 +67,9 @@ run_tsan() {
 run_clang() {
   local dir="$root/build-clang"
   CXX=clang++-16 configure_and_build "$dir" -- -DCMAKE_BUILD_TYPE=Release
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -E '^(package|bench|example)\.' "$@"
+  # The add_subdirectory consumer (libfulgur again, Debug and CMake's unity batches) is built here, under
+  # clang, rather than in every test run (tests/package/CMakeLists.txt).
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -E '^(bench|example)\.|^package\.(install|docs|find)' "$@"
 }
 
 run_tidy() {

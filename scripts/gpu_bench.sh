@@ -100,7 +100,7 @@ else
   wants matrix && targets+=(bench_matrix bench_fused bench_pinned_fit)
   wants compare && targets+=(bench_compare_worker)
   echo "== build (${targets[*]})"
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFULGUR_PYTHON="$python" \
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFULGUR_BENCH_OPTIMIZED=ON -DFULGUR_PYTHON="$python" \
         -DCMAKE_PREFIX_PATH="$carry" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
   cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" \
         >"$out/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$out/build.log" | head -60; exit 1; }

@@ -30,27 +30,49 @@ std::string resolve_path(const TrainerConfig& config, const std::string& path) {
 
 namespace {
 
-std::string last_checkpoint(const TrainerConfig& config, const std::vector<std::string>& checkpoint_folders,
-                            std::vector<std::string>& warnings) {
+std::string last_checkpoint(const TrainerConfig& config, std::string_view verb,
+                            const std::vector<std::string>& checkpoint_folders, std::vector<std::string>& warnings) {
   std::vector<std::string> folders{absolute_path(resolve_path(config, "checkpoints"))};
   folders.insert(folders.end(), checkpoint_folders.begin(), checkpoint_folders.end());
   std::string newest = newest_file(folders, "last", ".ckpt");
   if (newest.empty())
-    warnings.push_back("fulgur: ckpt_path = \"last\" is set, but there is no last checkpoint available (looked for "
-                       "last*.ckpt in " + folders.front() + " and the checkpoint callbacks' folders). No checkpoint "
-                       "will be loaded.");
+    warnings.push_back("fulgur: " + std::string(verb) + "(ckpt_path = \"last\") is set, but there is no last "
+                       "checkpoint available (looked for last*.ckpt in " + folders.front() + " and the checkpoint "
+                       "callbacks' folders). No checkpoint will be loaded" +
+                       (verb == "fit" ? std::string(".") : ": " + std::string(verb) + " uses the module's own weights."));
   return newest;
 }
 
-std::string preemption_checkpoint(const TrainerConfig& config, const std::string& ckpt_path, bool global_zero) {
-  const bool automatic =
-      ckpt_path.empty() && config.preemption.enabled && config.preemption.auto_requeue && in_slurm_batch_job();
+/// Lightning's ckpt_path="best": the first ModelCheckpoint's best_model_path.
+std::string best_checkpoint(std::string_view verb, const std::vector<std::string>& best_model_paths,
+                            std::vector<std::string>& warnings) {
+  const std::string call = std::string(verb) + "(ckpt_path = \"best\")";
+  if (best_model_paths.empty())
+    throw MisconfigurationError("fulgur: " + call + " is set but no ModelCheckpoint is configured (Lightning: "
+                                "\"`ModelCheckpoint` is not configured\"): add one to the Trainer's callbacks and fit, "
+                                "or give the path of a checkpoint.");
+  if (best_model_paths.size() > 1)
+    warnings.push_back("fulgur: " + call + " with " + std::to_string(best_model_paths.size()) + " ModelCheckpoint "
+                       "callbacks: the first one's best checkpoint is used (as in Lightning).");
+  if (best_model_paths.front().empty())
+    throw MisconfigurationError("fulgur: " + call + " is set but the ModelCheckpoint has saved no best checkpoint "
+                                "(Lightning: \"`ModelCheckpoint` is not configured to save the best model\"): \"best\" is "
+                                "the best checkpoint of an earlier fit with this Trainer (in this process); fit first, or "
+                                "give the path of a checkpoint, or \"last\".");
+  return best_model_paths.front();
+}
+
+std::string preemption_checkpoint(const TrainerConfig& config, std::string_view verb, const std::string& ckpt_path,
+                                  bool global_zero) {
+  const bool automatic = verb == "fit" && ckpt_path.empty() && config.preemption.enabled &&
+                         config.preemption.auto_requeue && in_slurm_batch_job();
   if (ckpt_path != "hpc" && !automatic) return ckpt_path;
   const std::string found = hpc_checkpoint(config.default_root_dir, /*next=*/false);
   if (found.empty() && !automatic)
-    throw CheckpointError("fulgur: `fit(..., {.ckpt_path = \"hpc\"})` is set but no HPC checkpoint was found "
-                          "(hpc_ckpt_{n}.ckpt in default_root_dir '" + config.default_root_dir + "'). Pass the "
-                          "path of a checkpoint, or leave ckpt_path empty to start afresh.");
+    throw CheckpointError("fulgur: `" + std::string(verb) + "(..., {.ckpt_path = \"hpc\"})` is set but no HPC "
+                          "checkpoint was found (hpc_ckpt_{n}.ckpt in default_root_dir '" + config.default_root_dir +
+                          "'). Pass the path of a checkpoint" +
+                          (verb == "fit" ? ", or leave ckpt_path empty to start afresh." : "."));
   if (!found.empty() && global_zero) std::cerr << "fulgur: resuming from the preemption checkpoint " << found << std::endl;
   return found.empty() ? found : absolute_path(found);  // already under default_root_dir
 }
@@ -81,20 +103,23 @@ std::string restarted_run_checkpoint(const TrainerConfig& config, const std::vec
 
 }  // namespace
 
-std::string fit_checkpoint(const TrainerConfig& config, const std::string& ckpt_path,
-                           const std::vector<std::string>& checkpoint_folders, bool global_zero,
-                           std::vector<std::string>& warnings) {
-  if (ckpt_path.empty())
+std::string checkpoint_to_load(const TrainerConfig& config, std::string_view verb, const std::string& ckpt_path,
+                               const CheckpointSources& sources, bool global_zero, std::vector<std::string>& warnings) {
+  const bool fitting = verb == "fit";
+  if (ckpt_path.empty() && fitting)
     if (const Restart restart = restart_of_this_process(); restart.count > 0)
-      return restarted_run_checkpoint(config, checkpoint_folders, restart, global_zero);
-  const bool last = ckpt_path == "last";
-  const std::string path =
-      last ? last_checkpoint(config, checkpoint_folders, warnings) : preemption_checkpoint(config, ckpt_path, global_zero);
+      return restarted_run_checkpoint(config, sources.folders, restart, global_zero);
+  const bool named = ckpt_path == "last" || ckpt_path == "best";
+  const std::string path = ckpt_path == "last"   ? last_checkpoint(config, verb, sources.folders, warnings)
+                           : ckpt_path == "best" ? best_checkpoint(verb, sources.best_model_paths, warnings)
+                                                 : preemption_checkpoint(config, verb, ckpt_path, global_zero);
   if (path.empty()) return path;
   const std::string resolved = absolute_path(resolve_path(config, path));
-  // Lightning's "Restoring states from the checkpoint path at ..." (a preemption checkpoint said so already).
-  if (global_zero && (last || path == ckpt_path))
-    std::cerr << "fulgur: restoring states from the checkpoint path at " << resolved << std::endl;
+  // Lightning's "Restoring states from the checkpoint path at ..." (a preemption checkpoint said so already);
+  // validate/test/predict load the weights only.
+  if (global_zero && (named || path == ckpt_path))
+    std::cerr << "fulgur: " << (fitting ? "restoring states" : "loading the weights") << " from the checkpoint path at "
+              << resolved << std::endl;
   return resolved;
 }
 

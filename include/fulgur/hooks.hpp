@@ -323,6 +323,12 @@ class HookCaller {
       fallback();
     }
   }
+  /// The module's hook alone, without the callbacks' (Lightning's restore_model outside fit calls only
+  /// the module's on_load_checkpoint).
+  template <class Hook, class... Args>
+  decltype(auto) call_module_only(Hook hook, Args&&... args) {
+    return call_module(hook, std::forward<Args>(args)...);
+  }
   /// Times `make_action()` for the returned scope's life (nothing without a profiler).
   template <class MakeAction>
   auto profile(MakeAction&& make_action) {

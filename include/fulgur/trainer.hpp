@@ -386,29 +386,33 @@ class Trainer {
   }
   /// validation_step over the data once (a fresh module is set up first, as fit does). Several
   /// loaders (data::loaders(a, b) or {a, b}): one EvaluationResult per loader, in order.
+  /// options.ckpt_path: evaluate a checkpoint's weights ("best", "last", "hpc" or a path).
   template <class Module, class Data>
-  auto validate(Module&& module, Data&& data) {
-    return run_evaluation<loops::Validation>(detail::referent(module), detail::range_ref(data));
+  auto validate(Module&& module, Data&& data, const EvaluationOptions& options = {}) {
+    return run_evaluation<loops::Validation>(detail::referent(module), detail::range_ref(data), options);
   }
   template <class Module, class Loader>
-  std::vector<EvaluationResult> validate(Module&& module, std::initializer_list<Loader> loaders) {
+  std::vector<EvaluationResult> validate(Module&& module, std::initializer_list<Loader> loaders,
+                                         const EvaluationOptions& options = {}) {
     data::EvaluationLoaderList<Loader> list(loaders);
-    return run_evaluation<loops::Validation>(detail::referent(module), list);
+    return run_evaluation<loops::Validation>(detail::referent(module), list, options);
   }
-  /// test_step over the data once (several loaders: as validate).
+  /// test_step over the data once (several loaders, options: as validate).
   template <class Module, class Data>
-  auto test(Module&& module, Data&& data) {
-    return run_evaluation<loops::Test>(detail::referent(module), detail::range_ref(data));
+  auto test(Module&& module, Data&& data, const EvaluationOptions& options = {}) {
+    return run_evaluation<loops::Test>(detail::referent(module), detail::range_ref(data), options);
   }
   template <class Module, class Loader>
-  std::vector<EvaluationResult> test(Module&& module, std::initializer_list<Loader> loaders) {
+  std::vector<EvaluationResult> test(Module&& module, std::initializer_list<Loader> loaders,
+                                     const EvaluationOptions& options = {}) {
     data::EvaluationLoaderList<Loader> list(loaders);
-    return run_evaluation<loops::Test>(detail::referent(module), list);
+    return run_evaluation<loops::Test>(detail::referent(module), list, options);
   }
   /// predict_step over the data: the predictions, on the CPU, in the order of the batches. Several
   /// loaders (data::loaders(a, b) or {a, b}): one vector of predictions per loader, in order.
+  /// options: as validate.
   template <class Module, class Data>
-  auto predict(Module&& module, Data&& data) {
+  auto predict(Module&& module, Data&& data, const EvaluationOptions& options = {}) {
     auto& m = detail::referent(module);
     auto& d = detail::range_ref(data);
     using M = std::remove_cvref_t<decltype(m)>;
@@ -420,21 +424,21 @@ class Trainer {
       static_assert(has_step, "fulgur: several loaders were given to predict(), but predict_step does not take "
                               "(batch, batch_idx, std::int64_t dataloader_idx) for their batches (Lightning: \"You "
                               "provided multiple `predict_dataloader`, but no `dataloader_idx` argument\").");
-      if constexpr (has_step) return loops::predict(*this, m, d);
+      if constexpr (has_step) return loops::predict(*this, m, d, evaluation_weights(Stage::predict, options));
       else return detail::inert{};
     } else {
       using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(d))>>;
       static_assert(assert_evaluation_step<Stage::predict, M, Batch>());  // "predict() needs predict_step(...)"
       if constexpr (has_predict_step<M, Batch>)
-        return loops::predict(*this, m, d);
+        return loops::predict(*this, m, d, evaluation_weights(Stage::predict, options));
       else
         return detail::inert{};
     }
   }
   template <class Module, class Loader>
-  auto predict(Module&& module, std::initializer_list<Loader> loaders) {
+  auto predict(Module&& module, std::initializer_list<Loader> loaders, const EvaluationOptions& options = {}) {
     data::EvaluationLoaderList<Loader> list(loaders);
-    return predict(std::forward<Module>(module), list);
+    return predict(std::forward<Module>(module), list, options);
   }
 
  private:
@@ -473,9 +477,8 @@ class Trainer {
     if constexpr (owns_optimizers && trainable && validates) {
       // One path from the root: "last" and "hpc" found, a relative path under default_root_dir.
       std::vector<std::string> warnings;  // reported with the fit's own (FitResult::warnings)
-      // The callbacks' checkpoint folders: where "last" and a restarted run's newest checkpoint are looked for.
-      const std::vector<std::string> folders = loop_services_.callbacks().checkpoint_folders(config_.default_root_dir);
-      options.ckpt_path = detail::fit_checkpoint(config_, options.ckpt_path, folders, is_global_zero(), warnings);
+      options.ckpt_path =
+          detail::checkpoint_to_load(config_, "fit", options.ckpt_path, checkpoint_sources(), is_global_zero(), warnings);
       std::optional<torch::autograd::DetectAnomalyGuard> anomaly_mode;  // TrainerConfig::detect_anomaly
       if (config_.detect_anomaly) anomaly_mode.emplace();
       FitResult result = loops::fit(*this, module, train_data, val_data, std::move(options), std::move(warnings));
@@ -486,8 +489,21 @@ class Trainer {
     }
   }
 
+  /// Where "last", "best" and a restarted run's newest checkpoint are looked for: the callbacks' and
+  /// loggers' checkpoint folders, the ModelCheckpoints' best checkpoints.
+  detail::CheckpointSources checkpoint_sources() const {
+    const auto& callbacks = loop_services_.callbacks();
+    return {callbacks.checkpoint_folders(config_.default_root_dir), callbacks.best_model_paths()};
+  }
+  loops::EvaluationWeights evaluation_weights(Stage stage, const EvaluationOptions& options) const {
+    loops::EvaluationWeights weights;
+    weights.checkpoint = detail::checkpoint_to_load(config_, to_string(stage), options.ckpt_path, checkpoint_sources(),
+                                                    is_global_zero(), weights.warnings);
+    return weights;
+  }
+
   template <class Kind, class M, class Data>
-  auto run_evaluation(M& module, Data& data) {
+  auto run_evaluation(M& module, Data& data, const EvaluationOptions& options) {
     using Module = std::remove_cvref_t<M>;
     if constexpr (data::several_loaders<Data>) {
       constexpr bool has_step = loops::every_batch_type<Data>([]<class B>(std::type_identity<B>) {
@@ -496,13 +512,13 @@ class Trainer {
       static_assert(has_step, "fulgur: several loaders were given, but the module's validation_step / test_step "
                               "does not take (batch, batch_idx, std::int64_t dataloader_idx) for their batches "
                               "(Lightning: \"You provided multiple dataloaders, but no `dataloader_idx` argument\").");
-      if constexpr (has_step) return loops::evaluate<Kind>(*this, module, data);
+      if constexpr (has_step) return loops::evaluate<Kind>(*this, module, data, evaluation_weights(Kind::stage, options));
       else return std::vector<EvaluationResult>{};
     } else {
       using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(data))>>;
       constexpr bool has_step = Kind::template defined_for<Module, Batch>;
       static_assert(assert_evaluation_step<Kind::stage, Module, Batch>());  // "test() needs test_step(...)"
-      if constexpr (has_step) return loops::evaluate<Kind>(*this, module, data);
+      if constexpr (has_step) return loops::evaluate<Kind>(*this, module, data, evaluation_weights(Kind::stage, options));
       else return EvaluationResult{};
     }
   }

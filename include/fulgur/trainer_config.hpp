@@ -131,7 +131,19 @@ struct FitOptions {
   /// ModelCheckpoint): weights, optimizers, schedulers, loss scale, loop position, callbacks, random
   /// state. "last": the newest last*.ckpt of the ModelCheckpoint callbacks' folders (or
   /// default_root_dir/checkpoints), else a warning and a fresh start, as in Lightning. A relative
-  /// path is under default_root_dir.
+  /// path is under default_root_dir. "best": the best checkpoint of the first ModelCheckpoint of an
+  /// earlier fit with this Trainer. "hpc": the newest hpc_ckpt_{n}.ckpt in default_root_dir.
+  std::string ckpt_path{};
+};
+
+/// What one validate, test or predict call may add (Lightning's ckpt_path argument of those verbs).
+struct EvaluationOptions {
+  /// The weights to evaluate. Empty: the module's own. A checkpoint's "state_dict" (its weights only:
+  /// optimizers, loop and callbacks stay as they are) is loaded into the module once the strategy has
+  /// set it up, after the module's on_load_checkpoint hook: "best" — the best checkpoint of this
+  /// Trainer's first ModelCheckpoint (of an earlier fit with this Trainer; an error if it saved none);
+  /// "last" — as fit finds it (none: a warning and the module's own weights, as in Lightning); "hpc"
+  /// — as fit; a path — relative ones under default_root_dir.
   std::string ckpt_path{};
 };
 

@@ -27,6 +27,7 @@
 #include "fulgur/detail/loop_position.hpp"
 #include "fulgur/errors.hpp"
 #include "src/distributed/backends.hpp"
+#include "src/distributed/torchrun_error_file.hpp"
 
 namespace fulgur::distributed {
 
@@ -261,36 +262,10 @@ struct ProcessGroup::Impl {
                                          : found) +
                           "; this run cannot continue (rank " + std::to_string(rank) + " was at " +
                           fulgur::detail::loop_position().describe() + "). [" + reason + "]";
-    report_to_torchrun(message);
+    // torchrun's summary shows this rank's cause (torchrun_error_file.hpp): the rank that saw the failure
+    // writes first, so the cause it names (a rank stuck or lost) is what the summary shows.
+    detail::write_torchrun_error_file(message, /*replace=*/true);
     throw DistributedError(message);
-  }
-
-  /// torchrun gives each worker TORCHELASTIC_ERROR_FILE: the first failure's message there is its
-  /// summary's "Root Cause", instead of "Signal 6" or a link to the docs. The rank that saw the
-  /// failure writes first, so the cause it names (a rank stuck or lost) is what the summary shows.
-  static void report_to_torchrun(const std::string& message) {
-    const char* file = std::getenv("TORCHELASTIC_ERROR_FILE");
-    if (file == nullptr || *file == '\0') return;
-    std::string json = "{\"message\": \"";
-    for (const char c : message) {
-      if (c == '"' || c == '\\') {
-        json += '\\';
-        json += c;
-      } else if (static_cast<unsigned char>(c) < 0x20) {
-        char escaped[8];
-        std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
-        json += escaped;
-      } else {
-        json += c;  // UTF-8 passes through: JSON is UTF-8
-      }
-    }
-    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
-        std::chrono::system_clock::now().time_since_epoch()).count();
-    json += "\", \"timestamp\": " + std::to_string(seconds) + "}\n";
-    if (std::FILE* out = std::fopen(file, "w")) {
-      std::fputs(json.c_str(), out);
-      std::fclose(out);
-    }
   }
 
   /// The rank serving the store ends last among those that saw a stuck peer: its exit takes the
@@ -380,6 +355,8 @@ ProcessGroup::ProcessGroup(BackendKind kind, const ClusterEnvironment& env, std:
   impl_->rank = env.rank;
   impl_->size = env.world_size;
   impl_->timeout = timeout;
+  // A user's exception that ends this worker under torchrun is its summary's cause, as Python's @record does.
+  if (env.world_size > 1) detail::report_uncaught_exceptions_to_torchrun();
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   try {
     // One store per process, as Python's default group has; each group gets its own key prefix,

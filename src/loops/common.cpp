@@ -10,6 +10,7 @@
 #include <typeinfo>
 
 #include "fulgur/loops/optimization.hpp"
+#include "src/detail/error_text.hpp"
 #include "src/strategies/sharded/gradient_check.hpp"
 
 namespace fulgur::loops {
@@ -30,6 +31,40 @@ void say_repeated_samples(std::vector<std::string>& warnings, Stage stage, std::
       " with devices = 1, or give the loader a sample count that divides evenly.";
   if (global_rank == 0) std::cerr << text << std::endl;
   warnings.push_back(text);
+}
+
+namespace {
+std::string evaluation_call(Stage stage, const std::string& path) {
+  return std::string(to_string(stage)) + "(ckpt_path = '" + path + "')";
+}
+}  // namespace
+
+StateDict evaluation_weights(const StateDict& checkpoint, const std::string& path, Stage stage) {
+  if (!checkpoint.contains("state_dict") || !checkpoint.at("state_dict").isGenericDict())
+    throw CheckpointError("fulgur: " + evaluation_call(stage, path) + ": the file holds no 'state_dict' (module "
+                          "weights); give a checkpoint written by fit (ModelCheckpoint, Trainer::save_checkpoint).");
+  return StateDict(checkpoint.at("state_dict").toGenericDict());
+}
+
+void raise_evaluation_weights_mismatch(const std::exception& error, const std::string& path, Stage stage) {
+  std::string text = detail::without_fulgur_prefix(error.what());
+  // The loader's own advice (strict = false) is for loading weights by hand, which is what to do here.
+  const std::string loader_advice = "\nTo load only the keys that match, pass strict = false.";
+  const bool partial = text.find(loader_advice) != std::string::npos;
+  if (partial) text.erase(text.find(loader_advice), loader_advice.size());
+  throw CheckpointError("fulgur: " + evaluation_call(stage, path) + ": " + text +
+                        (partial ? "\nTo " + std::string(to_string(stage)) + " on the weights that match, load them into "
+                                   "the module first (fulgur::checkpoint::load_module_state_dict(module, fulgur::checkpoint::"
+                                   "module_weights(fulgur::checkpoint::load(path)), /*strict=*/false)) and call it "
+                                   "without ckpt_path."
+                                 : ""));
+}
+
+void say_evaluation_warnings(std::vector<std::string>& into, const std::vector<std::string>& warnings, int global_rank) {
+  for (const std::string& warning : warnings) {
+    if (global_rank == 0) std::cerr << warning << std::endl;
+    into.push_back(warning);
+  }
 }
 
 bool stop_if_signalled(int world_size, c10::function_ref<bool(bool)> any_rank, c10::function_ref<std::string()> where,

@@ -123,6 +123,14 @@ TEST_CASE("cli run: callbacks and loggers from the config, the resolved config s
   predict_args.push_back("--ckpt_path=" + dir + "/ckpt/last.ckpt");
   predict_args.push_back("--model.hidden=5");
   CHECK(run(predict_args).predictions == 2);
+  // "best" is the best of a fit in the same process: a command line that only tests has none.
+  CHECK_THAT(test::message_of<fulgur::Error>([&] {
+               auto best = base("test", dir);
+               best.push_back("--ckpt_path=best");
+               best.push_back("--model.hidden=5");
+               run(best);
+             }),
+             Catch::Contains("test(ckpt_path = \"best\") is set but the ModelCheckpoint has saved no best checkpoint"));
 }
 
 TEST_CASE("cli run: SpikeDetection named for a module whose training_step returns no loss", "[cli]") {

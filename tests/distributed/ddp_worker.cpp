@@ -960,9 +960,29 @@ void preempt(const std::string& mode, const std::string& root) {
   }
 }
 
+// Under torchrun (uncaught.sh): rank 1's training_step raises and nothing catches it, as in a user's
+// program without a try in main; torchrun's summary must show that exception, not only "Signal 6".
+[[noreturn]] void uncaught() {
+  if (const char* r = std::getenv("RANK")) my_rank = std::atoi(r);
+  setenv("FULGUR_FAULT", "exception", 1);
+  auto [x, y] = dataset(512);
+  Throwing model;
+  Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config({.max_epochs = 1, .preemption = {.enabled = false}}),
+                                                         options());
+  data::TensorLoader loader(x, y, {.batch_size = 8});
+  try {
+    trainer.fit(model, loader);  // rank 1 throws out of here, uncaught
+  } catch (const DistributedError& e) {
+    std::cout << "rank " << my_rank << " stopped: " << e.what() << std::endl;
+    std::exit(3);
+  }
+  std::exit(0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "uncaught") uncaught();  // outside worker::run's catch
   return worker::run(argc > 1 ? argv[1] : "", "usage: ddp_worker collectives|parity|accumulation|unused|fault|...",
                      [&](const std::string& scenario) {
                        if (scenario == "collectives") collectives();

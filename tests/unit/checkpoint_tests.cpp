@@ -780,3 +780,126 @@ TEST_CASE("fit(..., {.ckpt_path = \"last\"}) resumes from ModelCheckpoint's last
   REQUIRE(afresh.warnings.size() == 1);
   CHECK_THAT(afresh.warnings[0], Catch::Contains("there is no last checkpoint available"));
 }
+
+namespace {
+/// ScoredNet that predicts and counts its on_load_checkpoint calls.
+struct EvaluatedNetImpl : ScoredNetImpl {
+  int loads = 0;
+  void on_load_checkpoint(const StateDict&) { ++loads; }
+  at::Tensor predict_step(const data::Batch& b, std::int64_t) { return forward(b.input); }
+};
+TORCH_MODULE(EvaluatedNet);
+struct CountsLoads {
+  int* loads;
+  void on_load_checkpoint(TrainerView&) { ++*loads; }
+};
+}  // namespace
+
+TEST_CASE("validate/test/predict(ckpt_path): the weights of \"best\", \"last\" or a path, as Lightning's",
+          "[checkpoint][evaluation]") {
+  const std::string folder = scratch_folder("evaluate_ckpt");
+  auto [x, y] = test::classification_data(32);
+  auto [tx, ty] = test::classification_data(16, 5);
+  data::TensorLoader test_data(tx, ty, {.batch_size = 8});
+  int callback_loads = 0;
+  Trainer<CPU, Single, FloatPrecision, ModelCheckpoint, CountsLoads> trainer(
+      TrainerConfig{.max_epochs = 5, .default_root_dir = folder, .enable_progress_bar = false},
+      ModelCheckpoint({.filename = "{epoch}-{score:.2f}", .monitor = "score", .save_top_k = 1, .save_last = true}),
+      CountsLoads{&callback_loads});
+  // Before any fit there is no best checkpoint (a command line's validate --ckpt_path=best).
+  EvaluatedNet fresh;
+  CHECK_THROWS_WITH(trainer.test(fresh, test_data, {.ckpt_path = "best"}),
+                    Catch::Contains("test(ckpt_path = \"best\") is set but the ModelCheckpoint has saved no best "
+                                    "checkpoint") && Catch::Contains("fit first"));
+  EvaluatedNet net;
+  net->scores = {5.0, 3.0, 4.0, 1.0, 2.0};
+  trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 8}));
+  const std::string best = folder + "/checkpoints/epoch=3-score=1.00.ckpt";
+  REQUIRE(trainer.callback<ModelCheckpoint>().best_model_path() == best);
+
+  // What each file's weights give, loaded by hand.
+  auto by_hand = [&](const std::string& path) {
+    EvaluatedNet loaded;
+    checkpoint::load_module_state_dict(*loaded, checkpoint::module_weights(checkpoint::load(path)));
+    Trainer<CPU, Single, FloatPrecision> plain(TrainerConfig{.enable_progress_bar = false});
+    return std::pair{plain.test(loaded, test_data).metrics.at("test_loss"),
+                     plain.predict(loaded, test_data)};
+  };
+  const auto [best_loss, best_predictions] = by_hand(best);
+  const auto [last_loss, last_predictions] = by_hand(folder + "/checkpoints/last.ckpt");
+  const double own_loss = trainer.test(fresh, test_data).metrics.at("test_loss");
+  REQUIRE(best_loss != last_loss);
+  REQUIRE(best_loss != own_loss);
+
+  const EvaluationResult tested = trainer.test(fresh, test_data, {.ckpt_path = "best"});
+  CHECK(tested.metrics.at("test_loss") == best_loss);
+  CHECK(tested.warnings.empty());
+  CHECK(fresh->loads == 1);      // the module's on_load_checkpoint, as Lightning's restore_model
+  CHECK(callback_loads == 0);    // callbacks' states are restored by fit only
+  EvaluatedNet other;
+  CHECK(trainer.validate(other, test_data, {.ckpt_path = "last"}).metrics.at("val_loss") == last_loss);
+  EvaluatedNet relative;  // a relative path is under default_root_dir
+  CHECK(trainer.test(relative, test_data, {.ckpt_path = "checkpoints/epoch=3-score=1.00.ckpt"}).metrics.at("test_loss") ==
+        best_loss);
+  EvaluatedNet predicting;
+  const auto predictions = trainer.predict(predicting, test_data, {.ckpt_path = "best"});
+  REQUIRE(predictions.size() == best_predictions.size());
+  for (std::size_t i = 0; i < predictions.size(); ++i) CHECK(torch::equal(predictions[i], best_predictions[i]));
+
+  // "last" with no last checkpoint: Lightning's warning, and the module's own weights.
+  Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> elsewhere(
+      TrainerConfig{.default_root_dir = folder + "/elsewhere", .enable_progress_bar = false},
+      ModelCheckpoint(ModelCheckpointOptions{}));
+  EvaluatedNet unloaded;
+  const EvaluationResult own = elsewhere.test(unloaded, test_data, {.ckpt_path = "last"});
+  CHECK(own.metrics.at("test_loss") == trainer.test(unloaded, test_data).metrics.at("test_loss"));
+  CHECK(unloaded->loads == 0);
+  REQUIRE(own.warnings.size() == 1);
+  CHECK_THAT(own.warnings[0], Catch::Contains("test(ckpt_path = \"last\") is set, but there is no last checkpoint") &&
+                                  Catch::Contains("test uses the module's own weights"));
+
+  // What cannot work says what and where.
+  Trainer<CPU, Single, FloatPrecision> without(TrainerConfig{.enable_progress_bar = false});
+  CHECK_THROWS_WITH(without.validate(unloaded, test_data, {.ckpt_path = "best"}),
+                    Catch::Contains("validate(ckpt_path = \"best\") is set but no ModelCheckpoint is configured"));
+  test::Classifier wider(8, 32);
+  CHECK_THROWS_AS(trainer.test(wider, test_data, {.ckpt_path = best}), CheckpointError);
+  CHECK_THROWS_WITH(trainer.test(wider, test_data, {.ckpt_path = best}),
+                    Catch::Contains("test(ckpt_path = '" + best + "'): the state_dict does not fit the module") &&
+                        Catch::Contains("size mismatch for fc1.weight"));
+  EvaluatedNet extra;  // a parameter the checkpoint lacks: the weights that match can be loaded by hand
+  extra->register_parameter("extra", torch::zeros({1}));
+  CHECK_THROWS_WITH(trainer.validate(extra, test_data, {.ckpt_path = best}),
+                    Catch::Contains("validate(ckpt_path = '" + best + "')") && Catch::Contains("extra") &&
+                        Catch::Contains("To validate on the weights that match, load them into the module first") &&
+                        !Catch::Contains("pass strict = false"));
+  StateDict not_weights;
+  not_weights.insert("epoch", 1);
+  without.save(folder + "/not_weights.ckpt", not_weights);
+  CHECK_THROWS_WITH(without.predict(unloaded, test_data, {.ckpt_path = folder + "/not_weights.ckpt"}),
+                    Catch::Contains("holds no 'state_dict'"));
+  CHECK_THROWS_WITH(without.test(unloaded, test_data, {.ckpt_path = "hpc"}),
+                    Catch::Contains("`test(..., {.ckpt_path = \"hpc\"})` is set but no HPC checkpoint was found"));
+}
+
+TEST_CASE("fit(..., {.ckpt_path = \"best\"}) continues from the best checkpoint, as Lightning's", "[checkpoint][model_checkpoint]") {
+  const std::string folder = scratch_folder("fit_best");
+  auto [x, y] = test::classification_data(32);
+  ScoredNet net;
+  net->scores = {5.0, 3.0, 4.0, 1.0, 2.0, 0.0};
+  Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> trainer(
+      TrainerConfig{.max_epochs = 5, .default_root_dir = folder, .enable_progress_bar = false},
+      ModelCheckpoint({.monitor = "score"}));
+  trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 8}));
+  ScoredNet again;
+  again->scores = net->scores;
+  Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> more(
+      TrainerConfig{.max_epochs = 6, .default_root_dir = folder, .enable_progress_bar = false},
+      ModelCheckpoint({.monitor = "score"}));
+  CHECK_THROWS_WITH(more.fit(again, data::TensorLoader(x, y, {.batch_size = 8}), FitOptions{.ckpt_path = "best"}),
+                    Catch::Contains("fit(ckpt_path = \"best\") is set but the ModelCheckpoint has saved no best checkpoint"));
+  // The same Trainer: its ModelCheckpoint's best (epoch 3, global step 16) is where the run goes on.
+  const FitResult result = trainer.fit(again, data::TensorLoader(x, y, {.batch_size = 8}), FitOptions{.ckpt_path = "best"});
+  CHECK(result.epochs.size() == 1);  // epoch 4 only, up to max_epochs 5
+  CHECK(result.global_step == 20);
+}

@@ -161,21 +161,21 @@ TEST_CASE("elastic: fit resumes by itself only in a restarted run given no ckpt_
   config.default_root_dir = root;
   std::vector<std::string> warnings;
   // The first attempt starts afresh, as any fit without a ckpt_path.
-  CHECK(fulgur::detail::fit_checkpoint(config, "", {}, true, warnings).empty());
+  CHECK(fulgur::detail::checkpoint_to_load(config, "fit", "", {}, true, warnings).empty());
   {
     ScopedVariable restarted("TORCHELASTIC_RESTART_COUNT", "1");
-    CHECK(fulgur::detail::fit_checkpoint(config, "", {}, true, warnings) == root + "/checkpoints/epoch=0-step=10.ckpt");
+    CHECK(fulgur::detail::checkpoint_to_load(config, "fit", "", {}, true, warnings) == root + "/checkpoints/epoch=0-step=10.ckpt");
     // A path the user gave wins.
     save_in_order(root + "/mine.ckpt", training_state(3));
-    CHECK(fulgur::detail::fit_checkpoint(config, "mine.ckpt", {}, true, warnings) == root + "/mine.ckpt");
+    CHECK(fulgur::detail::checkpoint_to_load(config, "fit", "mine.ckpt", {}, true, warnings) == root + "/mine.ckpt");
     // A restart before any checkpoint: afresh.
     TrainerConfig empty;
     empty.default_root_dir = test::scratch_folder("elastic_fit_empty");
-    CHECK(fulgur::detail::fit_checkpoint(empty, "", {}, true, warnings).empty());
+    CHECK(fulgur::detail::checkpoint_to_load(empty, "fit", "", {}, true, warnings).empty());
   }
   {
     ScopedVariable requeued("SLURM_RESTART_COUNT", "1");
-    CHECK(fulgur::detail::fit_checkpoint(config, "", {}, false, warnings) ==
+    CHECK(fulgur::detail::checkpoint_to_load(config, "fit", "", {}, false, warnings) ==
           root + "/checkpoints/epoch=0-step=10.ckpt");
   }
   CHECK(warnings.empty());

@@ -229,6 +229,15 @@ class CallbackSet {
     });
     return folders;
   }
+  /// Each checkpoint callback's best_model_path(), in the Trainer's order (ckpt_path = "best").
+  std::vector<std::string> best_model_paths() const {
+    std::vector<std::string> paths;
+    for_each_item([&](const auto& item) {
+      if constexpr (requires { { item.best_model_path() } -> std::convertible_to<std::string>; })
+        paths.emplace_back(item.best_model_path());
+    });
+    return paths;
+  }
   std::string first_log_dir() {
     std::string dir;
     for_each_logger([&](auto& logger) {

@@ -138,15 +138,6 @@ std::pair<std::vector<std::string>, std::vector<std::pair<std::string, std::stri
   return {available, lacking};
 }
 
-template <class Item>
-void add_checkpoint_folders(const Item& item, const std::string& root, std::vector<std::string>& folders) {
-  if constexpr (fulgur::detail::is_vector<Item>::value) {
-    for (const auto& element : item) add_checkpoint_folders(element, root, folders);
-  } else if constexpr (requires { item.checkpoint_folders(root); }) {
-    for (auto& folder : item.checkpoint_folders(root)) folders.push_back(std::move(folder));
-  }
-}
-
 template <class Module, class Data, class Trainer>
 Outcome run_subcommand(Trainer& trainer, const CommandLine& command, const YAML::Node& tree, Outcome outcome) {
   using ModelConfig = typename config_type_of<Module>::type;
@@ -179,25 +170,9 @@ Outcome run_subcommand(Trainer& trainer, const CommandLine& command, const YAML:
     if (ckpt_path.empty())
       trainer.print("fulgur::cli: no ckpt_path: ", command.subcommand,
                     " runs on the module's initial weights (give --ckpt_path=PATH or last for a checkpoint's)");
-    if (ckpt_path == "best")
-      throw ConfigError({"ckpt_path=best names the best checkpoint of a fit in the same process (as in Lightning); "
-                         "here give its path (ModelCheckpoint's best, in its dirpath) or 'last'."});
-    if (!ckpt_path.empty()) {  // Lightning's validate/test/predict(ckpt_path=...): the checkpoint's weights
-      if (ckpt_path == "last" || ckpt_path == "hpc") {  // found as fit finds them
-        std::vector<std::string> folders, warnings;
-        std::apply([&](auto&... item) { (add_checkpoint_folders(item, trainer.config().default_root_dir, folders), ...); },
-                   trainer.callbacks());
-        const std::string given = ckpt_path;
-        ckpt_path = fulgur::detail::fit_checkpoint(trainer.config(), given, folders, trainer.is_global_zero(), warnings);
-        if (ckpt_path.empty())
-          throw ConfigError({"ckpt_path=" + given + ": no such checkpoint in " + trainer.config().default_root_dir +
-                             "/checkpoints or the ModelCheckpoint folders of this config; give a path."});
-      }
-      const StateDict checkpoint = trainer.load(ckpt_path);
-      if (!checkpoint.contains("state_dict"))
-        throw ConfigError({"ckpt_path: " + ckpt_path + " holds no 'state_dict' (module weights)"});
-      trainer.load_module_state(impl, StateDict(checkpoint.at("state_dict").toGenericDict()));
-    }
+    // Lightning's validate/test/predict(ckpt_path=...): the checkpoint's weights, found and loaded by the
+    // Trainer ("best" is the best of a fit in the same process, which a command line never has).
+    const EvaluationOptions options{.ckpt_path = ckpt_path};
     auto missing = [&](const std::string& what, const char* owner) {
       throw ConfigError({command.subcommand + " needs " + what + " on the " + owner + "."});
     };
@@ -209,7 +184,7 @@ Outcome run_subcommand(Trainer& trainer, const CommandLine& command, const YAML:
       if constexpr (requires { source.val_dataloader(); }) {
         if constexpr (has_validation_step<Impl, loops::batch_of_t<decltype(source.val_dataloader())>>) {
           auto loader = source.val_dataloader();
-          outcome.evaluation = {trainer.validate(module, loader)};
+          outcome.evaluation = {trainer.validate(module, loader, options)};
         } else {
           missing("validation_step(batch, batch_idx)", "module");
         }
@@ -220,7 +195,7 @@ Outcome run_subcommand(Trainer& trainer, const CommandLine& command, const YAML:
       if constexpr (requires { source.test_dataloader(); }) {
         if constexpr (has_test_step<Impl, loops::batch_of_t<decltype(source.test_dataloader())>>) {
           auto loader = source.test_dataloader();
-          outcome.evaluation = {trainer.test(module, loader)};
+          outcome.evaluation = {trainer.test(module, loader, options)};
         } else {
           missing("test_step(batch, batch_idx)", "module");
         }
@@ -231,7 +206,7 @@ Outcome run_subcommand(Trainer& trainer, const CommandLine& command, const YAML:
       if constexpr (requires { source.predict_dataloader(); }) {
         if constexpr (has_predict_step<Impl, loops::batch_of_t<decltype(source.predict_dataloader())>>) {
           auto loader = source.predict_dataloader();
-          const auto predictions = trainer.predict(module, loader);
+          const auto predictions = trainer.predict(module, loader, options);
           if constexpr (requires { predictions.size(); })
             outcome.predictions = static_cast<std::int64_t>(predictions.size());
           trainer.print("predict: ", outcome.predictions, " batches predicted");

@@ -5,7 +5,7 @@
 // (SLURM_RESTART_COUNT > 0), a fit given no ckpt_path continues from the checkpoint with the most
 // training progress among the checkpoint callbacks' folders, default_root_dir/checkpoints and the
 // preemption checkpoints (hpc_ckpt_{n}.ckpt in default_root_dir), skipping any that is unreadable
-// or incomplete (a sharded checkpoint missing a rank's part). Used by fit_checkpoint
+// or incomplete (a sharded checkpoint missing a rank's part). Used by checkpoint_to_load
 // (src/trainer_support.cpp); implemented in src/elastic_resume.cpp.
 #include <cstdint>
 #include <functional>

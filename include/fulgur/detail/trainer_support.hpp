@@ -23,16 +23,24 @@ std::string combination_name(std::string_view accelerator, std::string_view stra
 /// A path as the Fabric verbs take it: a relative one under TrainerConfig::default_root_dir.
 std::string resolve_path(const TrainerConfig& config, const std::string& path);
 
-/// fit's ckpt_path as it is loaded: "last" — the newest last*.ckpt in default_root_dir/checkpoints
-/// and `checkpoint_folders` (what the callbacks and loggers name), else "" and a warning; "hpc" — the
-/// newest hpc_ckpt_{n}.ckpt in default_root_dir (an error if none); none in a SLURM batch job with
-/// auto_requeue — that one, if any (Lightning's auto-resume); none in a restarted worker group
-/// (TORCHELASTIC_RESTART_COUNT or SLURM_RESTART_COUNT > 0) — the newest complete checkpoint of those
-/// folders and the hpc ones (detail/elastic_resume.hpp); any other path under default_root_dir.
-/// Absolute, or empty for a fresh start.
-std::string fit_checkpoint(const TrainerConfig& config, const std::string& ckpt_path,
-                           const std::vector<std::string>& checkpoint_folders, bool global_zero,
-                           std::vector<std::string>& warnings);
+/// Where the callbacks and loggers keep checkpoints (their checkpoint_folders), and each
+/// ModelCheckpoint's best_model_path in the Trainer's order.
+struct CheckpointSources {
+  std::vector<std::string> folders;
+  std::vector<std::string> best_model_paths;
+};
+
+/// The checkpoint a verb ("fit", "validate", "test", "predict") loads for its ckpt_path (Lightning's
+/// _parse_ckpt_path): "last" — the newest last*.ckpt in default_root_dir/checkpoints and the sources'
+/// folders, else "" and a warning; "best" — the first ModelCheckpoint's best checkpoint (an error if
+/// there is no ModelCheckpoint or it saved none); "hpc" — the newest hpc_ckpt_{n}.ckpt in
+/// default_root_dir (an error if none); any other path under default_root_dir. fit only: none in a
+/// SLURM batch job with auto_requeue — the hpc one, if any (Lightning's auto-resume); none in a
+/// restarted worker group (TORCHELASTIC_RESTART_COUNT or SLURM_RESTART_COUNT > 0) — the newest
+/// complete checkpoint of those folders and the hpc ones (detail/elastic_resume.hpp). Absolute, or
+/// empty for none (a fresh start, or the module's own weights).
+std::string checkpoint_to_load(const TrainerConfig& config, std::string_view verb, const std::string& ckpt_path,
+                               const CheckpointSources& sources, bool global_zero, std::vector<std::string>& warnings);
 
 /// The process ends after a preemption checkpoint (TrainerConfig::preemption.exit_process), its
 /// output flushed, with the code a scheduler reads as "try again".

@@ -285,13 +285,43 @@ void run_setup_hooks(Host& host, HookCallerOf<Host, Module>& hook, Stage stage) 
 void say_repeated_samples(std::vector<std::string>& warnings, Stage stage, std::int64_t repeated, int world_size,
                           int global_rank);
 
+/// The weights validate/test/predict run on: EvaluationOptions::ckpt_path as the Trainer found it
+/// (empty: the module's own), and what finding it said (reported with the stage's own warnings).
+struct EvaluationWeights {
+  std::string checkpoint{};
+  std::vector<std::string> warnings{};
+};
+
+/// The checkpoint's "state_dict", or a CheckpointError naming the stage's call and the file.
+StateDict evaluation_weights(const StateDict& checkpoint, const std::string& path, Stage stage);
+/// A checkpoint whose weights do not fit the module: the loader's message (it names the module), with
+/// what the stage can do.
+[[noreturn]] void raise_evaluation_weights_mismatch(const std::exception& error, const std::string& path, Stage stage);
+/// EvaluationWeights::warnings, said on global rank 0 and kept in the result's warnings.
+void say_evaluation_warnings(std::vector<std::string>& into, const std::vector<std::string>& warnings, int global_rank);
+
+/// Lightning's restore_model outside fit: the module's on_load_checkpoint, then the checkpoint's weights
+/// through the strategy (after its set-up: a sharded module loads its own shards). Every rank loads.
+template <class Host, class Hook, class Module>
+void load_evaluation_weights(Host& host, Hook& hook, Module& module, const std::string& path, Stage stage) {
+  const StateDict checkpoint = host.load(path);
+  hook.call_module_only(hooks::on_load_checkpoint, checkpoint);
+  const StateDict weights = evaluation_weights(checkpoint, path, stage);
+  try {
+    host.load_module_state(module, weights, /*strict=*/true);
+  } catch (const Error& e) {
+    raise_evaluation_weights_mismatch(e, path, stage);
+  }
+}
+
 /// A stage that only evaluates (validate, test, predict): the set-up hooks, the module converted
 /// to the precision and moved to the device, as fit does (under DDP without the broadcast of rank
-/// 0's weights, as in Lightning: give every rank the same weights), the
-/// loader processed by the strategy, then `run(hook, loader)`, then teardown(stage); an exception
-/// reaches on_exception on its way out, unchanged.
+/// 0's weights, as in Lightning: give every rank the same weights, or a checkpoint's), the
+/// checkpoint's weights if one was asked for, the loader processed by the strategy, then
+/// `run(hook, loader)`, then teardown(stage); an exception reaches on_exception on its way out, unchanged.
 template <class Host, class Module, class Data, class Run>
-auto run_evaluation_stage(Host& host, Module& module, Data& data, Stage stage, Run&& run) {
+auto run_evaluation_stage(Host& host, Module& module, Data& data, Stage stage, const EvaluationWeights& weights,
+                          Run&& run) {
   auto& services = host_access::services(host);
   StepContext ctx;
   ctx.stage = stage;
@@ -306,6 +336,7 @@ auto run_evaluation_stage(Host& host, Module& module, Data& data, Stage stage, R
   try {
     run_setup_hooks(host, hook, stage);
     host.setup_module(module, ModuleSetup::evaluation);
+    if (!weights.checkpoint.empty()) load_evaluation_weights(host, hook, module, weights.checkpoint, stage);
     auto&& loader = host.setup_dataloader(data);
     if (host.world_size() > 1) {
       if constexpr (requires { loader.shard_without_repeats(0, 1); })
@@ -316,6 +347,13 @@ auto run_evaluation_stage(Host& host, Module& module, Data& data, Stage stage, R
     if constexpr (requires { loader.repeated_samples(); result.warnings; })
       if (const std::int64_t repeated = loader.repeated_samples(); repeated > 0)
         say_repeated_samples(result.warnings, stage, repeated, host.world_size(), host.global_rank());
+    if (!weights.warnings.empty()) {
+      std::vector<std::string> kept;
+      say_evaluation_warnings(kept, weights.warnings, host.global_rank());
+      if constexpr (requires { result.warnings; }) result.warnings.insert(result.warnings.begin(), kept.begin(), kept.end());
+      else if constexpr (requires { result.front().warnings; })
+        for (auto& each : result) each.warnings.insert(each.warnings.begin(), kept.begin(), kept.end());
+    }
     hook(hooks::teardown, stage);
     services.callbacks().finalize_loggers("success");
     services.callbacks().describe_profiler();

@@ -349,12 +349,12 @@ class EvaluationLoop {
 
 /// Trainer::validate and Trainer::test: one run over the data, as an evaluation stage.
 template <class Kind, class Host, class Module, class Data>
-auto evaluate(Host& host, Module& module, Data& data) {
+auto evaluate(Host& host, Module& module, Data& data, const EvaluationWeights& weights = {}) {
   if constexpr (!loop_host<Host>) {
     static_assert(assert_loop_host<Host>());
     return EvaluationResult{};
   } else {
-    return run_evaluation_stage(host, module, data, Kind::stage, [&](auto& hook, auto& loader, detail::MetricViews& views) {
+    return run_evaluation_stage(host, module, data, Kind::stage, weights, [&](auto& hook, auto& loader, detail::MetricViews& views) {
       const BatchAmount& limit = host.config().*Kind::limit;
       require_batches(loader, limit, Kind::what, std::string("give it samples, or check ") + Kind::limit_name + ".");
       using Loader = std::remove_reference_t<decltype(loader)>;

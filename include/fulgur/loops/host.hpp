@@ -60,6 +60,7 @@ class LoopServices final : public detail::HostLink {
   ~LoopServices() = default;
 
   Callbacks& callbacks() { return callbacks_; }
+  const Callbacks& callbacks() const { return callbacks_; }
   FitPosition fit_position() const { return fit_position_; }
   void record_fit_position(FitPosition position) { fit_position_ = position; }
   void attach_fit(std::shared_ptr<FitState> fit) { fit_ = std::move(fit); }

@@ -125,12 +125,12 @@ class PredictionLoop {
 
 /// Trainer::predict: one run over the data, as an evaluation stage.
 template <class Host, class Module, class Data>
-auto predict(Host& host, Module& module, Data& data) {
+auto predict(Host& host, Module& module, Data& data, const EvaluationWeights& weights = {}) {
   if constexpr (!loop_host<Host>) {
     static_assert(assert_loop_host<Host>());
     return 0;  // never reached: the static_assert above is the one error
   } else {
-    return run_evaluation_stage(host, module, data, Stage::predict, [&](auto& hook, auto& loader, detail::MetricViews&) {
+    return run_evaluation_stage(host, module, data, Stage::predict, weights, [&](auto& hook, auto& loader, detail::MetricViews&) {
       require_batches(loader, host.config().limit_predict_batches, "predict",
                       "give it samples, or check limit_predict_batches.");  // as validate and test do
       PredictionLoop<Host, Module, std::remove_reference_t<decltype(loader)>> loop(host, hook, loader);
