@@ -13,6 +13,17 @@ inline std::string without_fulgur_prefix(std::string text) {
   return text;
 }
 
+/// Takes the module-state loader's closing advice ("pass strict = false", for weights loaded by hand) out
+/// of its message, for a caller that gives advice of its own; whether it was there (keys missing or
+/// unexpected, rather than shapes that differ).
+inline bool without_strict_advice(std::string& text) {
+  const std::string advice = "\nTo load only the keys that match, pass strict = false.";
+  const std::size_t at = text.find(advice);
+  if (at == std::string::npos) return false;
+  text.erase(at, advice.size());
+  return true;
+}
+
 /// Inside a catch block: the exception being handled thrown again as the same fulgur error type, its
 /// message after `prefix`, so that a caller's `catch (const DistributedError&)` still matches; an
 /// Interrupted (or Preempted) goes on unchanged (fit reads its signal); anything that is not a fulgur

@@ -49,9 +49,7 @@ StateDict evaluation_weights(const StateDict& checkpoint, const std::string& pat
 void raise_evaluation_weights_mismatch(const std::exception& error, const std::string& path, Stage stage) {
   std::string text = detail::without_fulgur_prefix(error.what());
   // The loader's own advice (strict = false) is for loading weights by hand, which is what to do here.
-  const std::string loader_advice = "\nTo load only the keys that match, pass strict = false.";
-  const bool partial = text.find(loader_advice) != std::string::npos;
-  if (partial) text.erase(text.find(loader_advice), loader_advice.size());
+  const bool partial = detail::without_strict_advice(text);
   throw CheckpointError("fulgur: " + evaluation_call(stage, path) + ": " + text +
                         (partial ? "\nTo " + std::string(to_string(stage)) + " on the weights that match, load them into "
                                    "the module first (fulgur::checkpoint::load_module_state_dict(module, fulgur::checkpoint::"

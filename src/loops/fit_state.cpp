@@ -448,9 +448,7 @@ void FitState::restore_module(const StateDict& c) {
   } catch (const Error& e) {  // resuming is strict: weights alone go through checkpoint::module_weights
     std::string text = without_fulgur_prefix(e.what());
     // The loader's own advice (strict = false) is for loading weights, which fit's resume is not.
-    const std::string loader_advice = "\nTo load only the keys that match, pass strict = false.";
-    const bool partial = text.find(loader_advice) != std::string::npos;
-    if (partial) text.erase(text.find(loader_advice), loader_advice.size());
+    const bool partial = detail::without_strict_advice(text);
     throw CheckpointError("fulgur: " + what + " does not fit the module " + module_.name() + " (resuming a fit "
                           "needs every weight): " + text +
                           (partial ? "\nfit resumes a run exactly, so every weight must fit. To train the weights that "
