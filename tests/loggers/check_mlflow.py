@@ -251,8 +251,10 @@ def main():
             key = client.get_run(report["run_id"]).data.tags.get("fulgur.run_key")
             runs = client.search_runs([experiment.experiment_id], f"tags.`fulgur.run_key` = '{key}'")
             expect(len(runs) == 1, f"the create that timed out left {len(runs)} runs, expected 1")
-            outage = [w for w in report["warning"] if "does not answer" in w and "timed out" in w]
-            expect(len(outage) == 1, f"one warning for the time-out, got {report['warning']}")
+            # The held runs/create is one outage, said once however often it is retried. A busy machine may
+            # time out a later request too (a second outage, said once of its own), so only the create's count.
+            held = [w for w in report["warning"] if "does not answer (runs/create" in w and "timed out" in w]
+            expect(len(held) == 1, f"one warning for the held runs/create, got {report['warning']}")
     elif args.command == "file_store":
         store = pathlib.Path(args.folder) / "mlruns"
         if report := scenario(args, "file", "file:" + str(store)):
