@@ -18,6 +18,8 @@
 // The messages, one per rule; shared by the static_asserts and by compatibility_reason().
 // (A type that is not a policy at all is reported by the member it lacks: see assert_accelerator,
 // assert_strategy and assert_precision in concepts/.)
+#define FULGUR_MSG_ARGUMENTS_OUT_OF_ORDER \
+  "fulgur: the Trainer's arguments are an accelerator, a strategy and a precision, in another order; write Trainer<Accelerator, Strategy, Precision>, e.g. Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision>."
 #define FULGUR_MSG_NOT_AN_ACCELERATOR \
   "fulgur: the first Trainer argument is not a fulgur::accelerator; docs/concepts/accelerator.md lists the members it needs."
 #define FULGUR_MSG_NOT_A_STRATEGY \
@@ -75,6 +77,7 @@ namespace detail {
 
 enum class compatibility_rule {
   none,
+  arguments_out_of_order,
   not_an_accelerator,
   not_a_strategy,
   not_a_precision,
@@ -84,15 +87,38 @@ enum class compatibility_rule {
   strategy_precision,
 };
 
-/// The first rule that A, S, P break, checked in order, so later rules may rely on earlier ones.
+/// Whether X, Y, Z are an accelerator, a strategy and a precision in that order.
+template <class X, class Y, class Z, class V>
+constexpr bool policies_in_order() {
+  return accelerator_for<X, V> && strategy_for<Y, V> && precision_for<Z, V>;
+}
+
+/// Whether A, S, P, which are not in Trainer's order, are in another: the policies are right, their order
+/// is not (a precision given second would otherwise read as a strategy lacking setup_environment).
 template <class A, class S, class P, class V>
-constexpr compatibility_rule first_broken_rule() {
-  if constexpr (!accelerator_for<A, V>)
+constexpr bool policies_in_another_order() {
+  return policies_in_order<A, P, S, V>() || policies_in_order<S, A, P, V>() || policies_in_order<S, P, A, V>() ||
+         policies_in_order<P, A, S, V>() || policies_in_order<P, S, A, V>();
+}
+
+/// Which of the first rules A, S, P break when they are not an accelerator, a strategy and a precision.
+template <class A, class S, class P, class V>
+constexpr compatibility_rule first_misplaced_policy() {
+  if constexpr (policies_in_another_order<A, S, P, V>())
+    return compatibility_rule::arguments_out_of_order;
+  else if constexpr (!accelerator_for<A, V>)
     return compatibility_rule::not_an_accelerator;
   else if constexpr (!strategy_for<S, V>)
     return compatibility_rule::not_a_strategy;
-  else if constexpr (!precision_for<P, V>)
+  else
     return compatibility_rule::not_a_precision;
+}
+
+/// The first rule that A, S, P break, checked in order, so later rules may rely on earlier ones.
+template <class A, class S, class P, class V>
+constexpr compatibility_rule first_broken_rule() {
+  if constexpr (!policies_in_order<A, S, P, V>())
+    return first_misplaced_policy<A, S, P, V>();  // the other orders are tried only here
   else if constexpr (!supports_accelerator_named<S>(A::name))
     return compatibility_rule::strategy_accelerator;
   else if constexpr (!supports_accelerator_named<P>(A::name))
@@ -120,6 +146,7 @@ template <class A, class S, class P, class V = torch_vocabulary>
 constexpr std::string_view compatibility_reason() {
   using enum detail::compatibility_rule;
   switch (detail::first_broken_rule<A, S, P, V>()) {
+    case arguments_out_of_order: return FULGUR_MSG_ARGUMENTS_OUT_OF_ORDER;
     case not_an_accelerator: return FULGUR_MSG_NOT_AN_ACCELERATOR;
     case not_a_strategy: return FULGUR_MSG_NOT_A_STRATEGY;
     case not_a_precision: return FULGUR_MSG_NOT_A_PRECISION;
@@ -140,7 +167,10 @@ template <class A, class S, class P, class V = torch_vocabulary>
 consteval bool assert_compatible() {
   using enum detail::compatibility_rule;
   constexpr auto rule = detail::first_broken_rule<A, S, P, V>();
-  if constexpr (rule == not_an_accelerator) {
+  if constexpr (rule == arguments_out_of_order) {
+    static_assert(rule != arguments_out_of_order, FULGUR_MSG_ARGUMENTS_OUT_OF_ORDER);
+    return true;
+  } else if constexpr (rule == not_an_accelerator) {
     return assert_accelerator<A, V>();
   } else if constexpr (rule == not_a_strategy) {
     return assert_strategy<S, V>();

@@ -24,6 +24,7 @@
 #include <cctype>
 #include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
 #include <variant>
 #include <string_view>
@@ -227,20 +228,24 @@ std::string aliases_of(Names names, std::initializer_list<std::pair<std::string_
   return " (also " + out + ")";
 }
 
-/// One axis' name that no compiled combination has: which axis, what the program compiled, and (for a name
-/// fulgur ships) how to compile it.
-inline std::string unknown_name(std::string_view axis, std::string_view given, std::string_view resolved,
-                                const std::string& compiled, bool shipped, std::string_view aliases) {
-  std::string text = std::string(axis) + " '" + std::string(given) + "'";
-  if (resolved != given) text += " ('" + std::string(resolved) + "')";
-  text += shipped ? " is not among the combinations this program compiled" : " is unknown";
-  text += "; the " + std::string(axis) + " names it takes are " + compiled + std::string(aliases);
-  if (shipped)
-    text += std::string(". Add its policy to the Trainer types given to dispatch") +
-            (axis == "strategy" && resolved != "single_device" && resolved != "ddp"
-                 ? " (the sharded strategies are fulgur::shipped_sharded_strategies)"
-                 : "");
-  return text + ".";
+/// One axis' name that no compiled combination has: which axis, what the program compiled, for a name fulgur
+/// ships how to compile it, and for another the name of `names` (every name fulgur knows on that axis, and
+/// its aliases) probably meant (src/dispatch_names.cpp).
+std::string unknown_name(std::string_view axis, std::string_view given, std::string_view resolved,
+                         const std::string& compiled, bool shipped, std::string_view aliases,
+                         std::span<const std::string_view> names);
+
+/// The name a user probably meant on an axis ("accelerator", "strategy", "precision"): a name from elsewhere
+/// ("fp16", "ddp_spawn"), with a word on it where the spelling is ambiguous, or the one of `names` a
+/// misspelling is closest to; empty when none is close (also fulgur::cli's "did you mean").
+struct MeantName {
+  std::string_view name{}, aside{};
+};
+MeantName probably_meant(std::string_view axis, std::string_view given, std::span<const std::string_view> names);
+
+template <class... X>
+void append_names(type_list<X...>, std::vector<std::string_view>& names) {
+  (names.push_back(X::name), ...);
 }
 }  // namespace detail
 
@@ -271,21 +276,27 @@ auto dispatch(std::string_view accelerator, std::string_view strategy, std::stri
                    ? "ddp"
                    : "single_device";
   std::string unknown;
-  auto axis = [&](bool known, std::string_view name, std::string_view given, std::string_view resolved,
-                  const std::string& compiled, bool shipped, std::string_view aliases) {
-    if (!known) unknown += (unknown.empty() ? "" : " ") + detail::unknown_name(name, given, resolved, compiled, shipped, aliases);
+  auto axis = [&](bool known, std::string_view name, std::string_view given, std::string_view resolved, auto compiled,
+                  auto shipped, std::string_view aliases, std::initializer_list<std::string_view> alias_names) {
+    if (known) return;
+    std::vector<std::string_view> names(alias_names);  // what a misspelling is compared with
+    detail::append_names(compiled, names);
+    detail::append_names(shipped, names);
+    unknown += (unknown.empty() ? "" : " ") + detail::unknown_name(name, given, resolved, detail::names_of(compiled),
+                                                                   detail::has_name(shipped, resolved), aliases, names);
   };
-  axis(accelerator_known, "accelerator", given_accelerator, accelerator, detail::names_of(typename Axes::accelerators{}),
-       detail::has_name(typename detail::types_of<std::remove_cvref_t<decltype(shipped_accelerators)>>::type{}, accelerator),
-       detail::aliases_of(typename Axes::accelerators{}, {{"gpu", "cuda"}}));
+  using ShippedAccelerators = typename detail::types_of<std::remove_cvref_t<decltype(shipped_accelerators)>>::type;
+  using ShippedPrecisions = typename detail::types_of<std::remove_cvref_t<decltype(shipped_precisions)>>::type;
+  axis(accelerator_known, "accelerator", given_accelerator, accelerator, typename Axes::accelerators{},
+       ShippedAccelerators{}, detail::aliases_of(typename Axes::accelerators{}, {{"gpu", "cuda"}}), {"gpu", "auto"});
   axis(detail::has_name(typename Axes::strategies{}, strategy), "strategy", given_strategy, strategy,
-       detail::names_of(typename Axes::strategies{}), detail::has_name(ShippedStrategies{}, strategy),
-       detail::aliases_of(typename Axes::strategies{}, {{"deepspeed_stage_3", "fsdp"}}));
+       typename Axes::strategies{}, ShippedStrategies{},
+       detail::aliases_of(typename Axes::strategies{}, {{"deepspeed_stage_3", "fsdp"}}), {"deepspeed_stage_3", "auto"});
   axis(detail::has_name(typename Axes::precisions{}, precision), "precision", given_precision, precision,
-       detail::names_of(typename Axes::precisions{}),
-       detail::has_name(typename detail::types_of<std::remove_cvref_t<decltype(shipped_precisions)>>::type{}, precision),
+       typename Axes::precisions{}, ShippedPrecisions{},
        detail::aliases_of(typename Axes::precisions{}, {{"32", "32-true"}, {"64", "64-true"}, {"16", "16-mixed"}, {"bf16", "bf16-mixed"}},
-                          "32-true"));
+                          "32-true"),
+       {"32", "64", "16", "bf16", "auto"});
   if (!unknown.empty()) throw MisconfigurationError("fulgur::dispatch: " + unknown);
 
   std::conditional_t<std::is_void_v<Result>, bool, std::optional<Result>> result{};

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "fulgur/cli/resolve.hpp"
+#include "src/detail/edit_distance.hpp"
 
 namespace fulgur::cli {
 
@@ -143,20 +144,6 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const std::
 // ---- names ---------------------------------------------------------------------------------------
 
 std::string closest(std::string_view given, const std::vector<std::string>& candidates) {
-  auto distance = [](std::string_view a, std::string_view b) {
-    std::vector<std::size_t> row(b.size() + 1);
-    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-    for (std::size_t i = 1; i <= a.size(); ++i) {
-      std::size_t diagonal = row[0];
-      row[0] = i;
-      for (std::size_t j = 1; j <= b.size(); ++j) {
-        const std::size_t up = row[j];
-        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-        diagonal = up;
-      }
-    }
-    return row[b.size()];
-  };
   // A key given without its section ("max_epochs" for "trainer.max_epochs").
   for (const auto& c : candidates)
     if (c.size() > given.size() && c.ends_with(given) && c[c.size() - given.size() - 1] == '.') return c;
@@ -168,7 +155,7 @@ std::string closest(std::string_view given, const std::vector<std::string>& cand
   std::string best;
   std::size_t best_distance = std::string::npos;
   for (const auto& c : candidates) {
-    const std::size_t d = distance(given, c);
+    const std::size_t d = fulgur::detail::edit_distance(given, c);
     if (d < best_distance) best_distance = d, best = c;
   }
   const std::size_t allowed = std::max<std::size_t>(1, std::min<std::size_t>(3, given.size() / 4));

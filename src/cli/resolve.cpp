@@ -345,7 +345,9 @@ void Config::apply_node(YAML::Node parent, const std::string& key, const Schema&
   switch (schema.kind) {
     case Schema::Kind::value: {
       if (const auto wrong = schema.check(given)) {
-        std::string text = path + ": expected " + *wrong + ", got " + describe_given(given);
+        const std::size_t said_after = wrong->find('\n');  // ValueCheck: a word for after the value given
+        std::string text = path + ": expected " + wrong->substr(0, said_after) + ", got " + describe_given(given);
+        if (said_after != std::string::npos) text += wrong->substr(said_after + 1);
         if (schema.type.starts_with("str") && (given.IsMap() || given.IsSequence()))
           text += " (in YAML, quote a text that starts with '{' or '[': \"{epoch}-{val_loss:.2f}\")";
         problem(where, text);

@@ -21,18 +21,6 @@ std::string position_text(std::string_view step, std::int64_t epoch, std::int64_
          " (global_step " + std::to_string(global_step) + ")";
 }
 
-void say_repeated_samples(std::vector<std::string>& warnings, Stage stage, std::int64_t repeated, int world_size,
-                          int global_rank) {
-  const std::string text =
-      "fulgur: " + std::string(to_string(stage)) + " under " + std::to_string(world_size) + " processes evaluated " +
-      std::to_string(repeated) + " sample" + (repeated == 1 ? "" : "s") + " twice: the data do not divide by the "
-      "number of processes, and the shards are padded with repeated samples so that every rank runs the same "
-      "batches (as Lightning's DistributedSampler). For each sample exactly once, " + std::string(to_string(stage)) +
-      " with devices = 1, or give the loader a sample count that divides evenly.";
-  if (global_rank == 0) std::cerr << text << std::endl;
-  warnings.push_back(text);
-}
-
 namespace {
 std::string evaluation_call(Stage stage, const std::string& path) {
   return std::string(to_string(stage)) + "(ckpt_path = '" + path + "')";
@@ -58,11 +46,19 @@ void raise_evaluation_weights_mismatch(const std::exception& error, const std::s
                                  : ""));
 }
 
-void say_evaluation_warnings(std::vector<std::string>& into, const std::vector<std::string>& warnings, int global_rank) {
-  for (const std::string& warning : warnings) {
-    if (global_rank == 0) std::cerr << warning << std::endl;
-    into.push_back(warning);
-  }
+std::vector<std::string> say_evaluation_warnings(const EvaluationWeights& weights, Stage stage, std::int64_t repeated,
+                                                 int world_size, int global_rank) {
+  std::vector<std::string> said = weights.warnings;
+  if (repeated > 0)
+    said.push_back("fulgur: " + std::string(to_string(stage)) + " under " + std::to_string(world_size) +
+                   " processes evaluated " + std::to_string(repeated) + " sample" + (repeated == 1 ? "" : "s") +
+                   " twice: the data do not divide by the number of processes, and the shards are padded with "
+                   "repeated samples so that every rank runs the same batches (as Lightning's DistributedSampler). "
+                   "For each sample exactly once, " + std::string(to_string(stage)) + " with devices = 1, or give "
+                   "the loader a sample count that divides evenly.");
+  if (global_rank == 0)
+    for (const std::string& text : said) std::cerr << text << std::endl;
+  return said;
 }
 
 bool stop_if_signalled(int world_size, c10::function_ref<bool(bool)> any_rank, c10::function_ref<std::string()> where,

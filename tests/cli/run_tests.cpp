@@ -184,6 +184,13 @@ TEST_CASE("cli run: the run-time choice's errors", "[cli]") {
   CHECK_THAT(with({"--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.precision=bf16-mixed"}),
              Catch::Contains("no compiled combination is accelerator='cpu', strategy='ddp', precision='bf16-mixed'") &&
                  Catch::Contains("cpu/single_device/32-true, cpu/single_device/bf16-mixed"));
+  // A name from elsewhere, or misspelt: the one probably meant (the same words as fulgur::dispatch's).
+  CHECK_THAT(with({"--trainer.precision=fp16"}),
+             Catch::Contains("trainer.precision: expected one of this program's '32-true'") &&
+                 Catch::Contains("got 'fp16'; did you mean '16-mixed'? ('16-true' keeps the weights in float16 too.)"));
+  CHECK_THAT(with({"--trainer.precision=bf16-mixd"}), Catch::Contains("got 'bf16-mixd'; did you mean 'bf16-mixed'?"));
+  CHECK_THAT(with({"--trainer.accelerator=CPUU"}), Catch::Contains("got 'CPUU'; did you mean 'cpu'?"));
+  CHECK_THAT(with({"--trainer.precision=fp8"}), Catch::Contains("got 'fp8'") && !Catch::Contains("did you mean"));
   // A strategy fulgur has but this program did not compile.
   CHECK_THAT(with({"--trainer.strategy=fsdp"}),
              Catch::Contains("'fsdp' is not a class this program compiled for it; it takes auto, single_device, ddp"));

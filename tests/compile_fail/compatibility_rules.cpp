@@ -21,6 +21,10 @@ using P = Precision;
 using A = Accelerator;
 using S = pick<Accelerator, Strategy>;
 using P = Precision;
+#elif defined(FULGUR_RULE_ARGUMENTS_OUT_OF_ORDER)
+using A = Accelerator;
+using S = pick<Precision, Strategy>;
+using P = pick<Strategy, Precision>;
 #elif defined(FULGUR_RULE_NOT_A_PRECISION)
 using A = Accelerator;
 using S = Strategy;

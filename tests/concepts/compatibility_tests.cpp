@@ -24,6 +24,18 @@ TEST_CASE("compatible: the rules Lightning's connector checks, decided at compil
   STATIC_REQUIRE(why<Accelerator, int, Precision> == FULGUR_MSG_NOT_A_STRATEGY);
   STATIC_REQUIRE(why<Accelerator, Strategy, int> == FULGUR_MSG_NOT_A_PRECISION);
 
+  // The three policies in another order: one sentence on the order, whichever two are swapped, rather than
+  // the member the misplaced type lacks.
+  STATIC_REQUIRE_FALSE(ok<Accelerator, Precision, Strategy>);
+  STATIC_REQUIRE(why<Accelerator, Precision, Strategy> == FULGUR_MSG_ARGUMENTS_OUT_OF_ORDER);
+  STATIC_REQUIRE(why<Strategy, Accelerator, Precision> == FULGUR_MSG_ARGUMENTS_OUT_OF_ORDER);
+  STATIC_REQUIRE(why<Strategy, Precision, Accelerator> == FULGUR_MSG_ARGUMENTS_OUT_OF_ORDER);
+  STATIC_REQUIRE(why<Precision, Accelerator, Strategy> == FULGUR_MSG_ARGUMENTS_OUT_OF_ORDER);
+  STATIC_REQUIRE(why<Precision, Strategy, Accelerator> == FULGUR_MSG_ARGUMENTS_OUT_OF_ORDER);
+  // Not a permutation of the three (a policy twice): the member the misplaced one lacks, as before.
+  STATIC_REQUIRE(why<Accelerator, Accelerator, Precision> == FULGUR_MSG_NOT_A_STRATEGY);
+  STATIC_REQUIRE(why<Precision, Strategy, Precision> == FULGUR_MSG_NOT_AN_ACCELERATOR);
+
   // A backend that carries CUDA tensors only (NCCL) needs the CUDA accelerator.
   STATIC_REQUIRE_FALSE(ok<Accelerator, NcclLikeStrategy, Precision>);
   STATIC_REQUIRE(ok<CudaAccelerator, NcclLikeStrategy, Precision>);

@@ -582,6 +582,10 @@ struct SampleIdsImpl : NetImpl {
   at::Tensor predict_step(const data::Batch& b, std::int64_t) { return b.input.select(1, 0); }
 };
 TORCH_MODULE(SampleIds);
+struct TwoLoaderIdsImpl : SampleIdsImpl {  // several validation loaders
+  at::Tensor validation_step(const data::Batch& b, std::int64_t i, std::int64_t) { return NetImpl::validation_step(b, i); }
+};
+TORCH_MODULE(TwoLoaderIds);
 
 void uneven_evaluation() {
   Trainer<CPUAccelerator, Gloo, FloatPrecision> trainer(config(), options());
@@ -605,6 +609,15 @@ void uneven_evaluation() {
   const auto validated = trainer.validate(model, loader);
   check(validated.warnings.size() == 1 && validated.warnings[0].find("evaluated 1 sample twice") != std::string::npos,
         "validate says the padded sample was evaluated twice");
+  // Several loaders (17 samples padded by one, 16 even): each loader's result says it (the warning reached
+  // only a single loader's result before).
+  TwoLoaderIds two;
+  data::TensorLoader even(x.narrow(0, 0, 16), y.narrow(0, 0, 16), {.batch_size = 4});
+  const auto both = trainer.validate(two, data::loaders(loader, even));
+  check(both.size() == 2, "two loaders, two results");
+  for (const auto& each : both)
+    check(each.warnings.size() == 1 && each.warnings[0].find("evaluated 1 sample twice") != std::string::npos,
+          "each loader's result of validate says the padded sample was evaluated twice");
   // Fewer samples than ranks: each rank predicts one (the sample repeated), rather than one rank getting
   // none and stopping the run with "the predict data yielded no batches" (the recheck of the fix).
   data::TensorLoader one(x.narrow(0, 0, 1), y.narrow(0, 0, 1), {.batch_size = 4});

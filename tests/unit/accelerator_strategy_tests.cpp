@@ -21,6 +21,12 @@ TEST_CASE("the shipped policies satisfy the contracts, every shipped combination
   STATIC_REQUIRE_FALSE(compatible<CPUAccelerator, SingleDeviceStrategy, MixedPrecision<c10::kBFloat16, GradScaler>>);
   STATIC_REQUIRE(compatibility_reason<CPUAccelerator, SingleDeviceStrategy, MixedPrecision<c10::kBFloat16, GradScaler>>() ==
                  FULGUR_MSG_BF16_SCALER);
+  // The shipped policies in another order: one sentence on the order (a precision is no strategy, and no
+  // shipped policy satisfies two of the concepts, so the order is unambiguous).
+  STATIC_REQUIRE(compatibility_reason<CPUAccelerator, FloatPrecision, SingleDeviceStrategy>() ==
+                 FULGUR_MSG_ARGUMENTS_OUT_OF_ORDER);
+  STATIC_REQUIRE(compatibility_reason<BasicDDPStrategy<backend::Gloo>, CPUAccelerator, BF16MixedPrecision>() ==
+                 FULGUR_MSG_ARGUMENTS_OUT_OF_ORDER);
   STATIC_REQUIRE_FALSE(accelerator<SingleDeviceStrategy>);
   STATIC_REQUIRE_FALSE(precision<CPUAccelerator>);
   STATIC_REQUIRE_FALSE(strategy<FloatPrecision>);

@@ -789,6 +789,10 @@ struct EvaluatedNetImpl : ScoredNetImpl {
   at::Tensor predict_step(const data::Batch& b, std::int64_t) { return forward(b.input); }
 };
 TORCH_MODULE(EvaluatedNet);
+struct TwoLoaderNetImpl : EvaluatedNetImpl {  // test() over several loaders
+  at::Tensor test_step(const data::Batch& b, std::int64_t i, std::int64_t) { return test::ClassifierImpl::test_step(b, i); }
+};
+TORCH_MODULE(TwoLoaderNet);
 struct CountsLoads {
   int* loads;
   void on_load_checkpoint(TrainerView&) { ++*loads; }
@@ -857,6 +861,13 @@ TEST_CASE("validate/test/predict(ckpt_path): the weights of \"best\", \"last\" o
   REQUIRE(own.warnings.size() == 1);
   CHECK_THAT(own.warnings[0], Catch::Contains("test(ckpt_path = \"last\") is set, but there is no last checkpoint") &&
                                   Catch::Contains("test uses the module's own weights"));
+  TwoLoaderNet two;  // several loaders: each result says it
+  const std::vector<EvaluationResult> both = elsewhere.test(two, data::loaders(test_data, test_data), {.ckpt_path = "last"});
+  REQUIRE(both.size() == 2);
+  for (const EvaluationResult& each : both) {
+    REQUIRE(each.warnings.size() == 1);
+    CHECK_THAT(each.warnings[0], Catch::Contains("test(ckpt_path = \"last\") is set, but there is no last checkpoint"));
+  }
 
   // What cannot work says what and where.
   Trainer<CPU, Single, FloatPrecision> without(TrainerConfig{.enable_progress_bar = false});

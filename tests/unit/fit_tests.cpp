@@ -549,8 +549,8 @@ TEST_CASE("dispatch: the sharded strategies, 'auto' on each axis, and errors tha
         "Trainer types given to dispatch (the sharded strategies are fulgur::shipped_sharded_strategies).");
   // A misspelt name: that axis and its names only, not every combination.
   const auto misspelt = test::message_of<MisconfigurationError>([&] { dispatch("cpu", "fdsp", "32-true", name_of); });
-  CHECK_THAT(misspelt, Catch::StartsWith("fulgur::dispatch: strategy 'fdsp' is unknown; the strategy names it takes are "
-                                         "'single_device', 'ddp'"));
+  CHECK_THAT(misspelt, Catch::StartsWith("fulgur::dispatch: strategy 'fdsp' is unknown. Did you mean 'fsdp'? The strategy "
+                                         "names it takes are 'single_device', 'ddp'"));
   CHECK_THAT(misspelt, !Catch::Contains("cpu/single_device/16-mixed") && !Catch::Contains("accelerator"));
   CHECK_THAT(test::message_of<MisconfigurationError>([&] { dispatch("tpu", "ddp", "32-true", name_of); }),
              Catch::StartsWith("fulgur::dispatch: accelerator 'tpu' is unknown; the accelerator names it takes are "
@@ -558,7 +558,23 @@ TEST_CASE("dispatch: the sharded strategies, 'auto' on each axis, and errors tha
   const auto precision = test::message_of<MisconfigurationError>([&] { dispatch("cpu", "ddp", "fp8", name_of); });
   CHECK_THAT(precision, Catch::StartsWith("fulgur::dispatch: precision 'fp8' is unknown; the precision names it takes "
                                           "are '32-true', '64-true', '16-mixed', 'bf16-mixed', '16-true', 'bf16-true'"));
-  CHECK_THAT(precision, !Catch::Contains("strategy '"));
+  CHECK_THAT(precision, !Catch::Contains("strategy '") && !Catch::Contains("Did you mean"));  // nothing is close
+  // The name probably meant (a probe found `fp16` answered with the list alone): names from elsewhere, and
+  // misspellings of a name on that axis (compiled, shipped or an alias), in any case, '-' and '_' alike.
+  auto meant = [&](const char* a, const char* s, const char* p) {
+    return test::message_of<MisconfigurationError>([&] { dispatch(a, s, p, name_of); });
+  };
+  CHECK_THAT(meant("cpu", "single_device", "fp16"),
+             Catch::StartsWith("fulgur::dispatch: precision 'fp16' is unknown. Did you mean '16-mixed'? ('16-true' "
+                               "keeps the weights in float16 too.) The precision names it takes are '32-true'"));
+  CHECK_THAT(meant("cpu", "single_device", "BFloat16"), Catch::Contains("Did you mean 'bf16-mixed'"));
+  CHECK_THAT(meant("cpu", "single_device", "16_Mixed"), Catch::Contains("Did you mean '16-mixed'?"));
+  CHECK_THAT(meant("cpu", "single_device", "bf16-mixd"), Catch::Contains("Did you mean 'bf16-mixed'?"));
+  CHECK_THAT(meant("cpu", "ddp_spawn", "32-true"), Catch::Contains("strategy 'ddp_spawn' is unknown. Did you mean 'ddp'"));
+  CHECK_THAT(meant("cpu", "sinlge_device", "32-true"), Catch::Contains("Did you mean 'single_device'?"));
+  CHECK_THAT(meant("cpu", "deepspeed_stage_22", "32-true"), Catch::Contains("Did you mean 'deepspeed_stage_2'?"));
+  CHECK_THAT(meant("cdua", "ddp", "32-true"), Catch::Contains("accelerator 'cdua' is unknown. Did you mean 'cuda'?"));
+  CHECK_THAT(meant("tpu", "ddp", "32-true"), !Catch::Contains("Did you mean"));  // one letter of three: not a typo
   // Only the aliases of what the program compiled (the probe found '64' offered by a program without 64-true).
   constexpr auto two_precisions = compatible_trainers(boost::hana::tuple_t<CPUAccelerator>,
                                                       boost::hana::tuple_t<SingleDeviceStrategy>,

@@ -114,13 +114,20 @@ inline Schema value_key(std::string name, std::string type, YAML::Node default_v
   return s;
 }
 
-/// A check that the value is one of `names` (the compiled policies' names, their aliases and 'auto').
-inline ValueCheck one_of(std::vector<std::string> names) {
-  return [names = std::move(names)](const YAML::Node& node) -> std::optional<std::string> {
+/// A check that the value is one of `names` (the compiled policies' names on `axis`, their aliases and 'auto'),
+/// with the name probably meant (fulgur::dispatch's: "fp16" is '16-mixed').
+inline ValueCheck one_of(std::vector<std::string> names, std::string_view axis) {
+  return [names = std::move(names), axis](const YAML::Node& node) -> std::optional<std::string> {
     if (node.IsScalar() && !is_null(node) && std::find(names.begin(), names.end(), node.Scalar()) != names.end())
       return std::nullopt;
     std::string list;
     for (const auto& n : names) list += (list.empty() ? "'" : ", '") + n + "'";
+    if (node.IsScalar()) {
+      const std::vector<std::string_view> views(names.begin(), names.end());
+      if (const auto meant = fulgur::detail::probably_meant(axis, node.Scalar(), views); !meant.name.empty())
+        list += "\n; did you mean '" + std::string(meant.name) + "'?" +
+                (meant.aside.empty() ? "" : " " + std::string(meant.aside));
+    }
     return "one of this program's " + list;
   };
 }
@@ -147,7 +154,7 @@ Schema root_schema(Trainers, class_list<C...>) {
   trainer.push_back(value_key("accelerator", "str", YAML::Node("auto"),
                               "compiled: " + names_list(typename Axes::accelerators{}) +
                                   fulgur::detail::aliases_of(typename Axes::accelerators{}, {{"gpu", "cuda"}}),
-                              one_of(names_with_aliases(typename Axes::accelerators{}, {{"gpu", "cuda"}}))));
+                              one_of(names_with_aliases(typename Axes::accelerators{}, {{"gpu", "cuda"}}), "accelerator")));
   Schema strategy;
   strategy.name = "strategy";
   strategy.kind = Schema::Kind::class_one;
@@ -168,7 +175,8 @@ Schema root_schema(Trainers, class_list<C...>) {
                                                              "32-true"),
                               one_of(names_with_aliases(typename Axes::precisions{},
                                                         {{"32", "32-true"}, {"64", "64-true"}, {"16", "16-mixed"},
-                                                         {"bf16", "bf16-mixed"}}))));
+                                                         {"bf16", "bf16-mixed"}}),
+                                     "precision")));
   for (Schema& key : schema_of<TrainerConfig>()) trainer.push_back(std::move(key));
   Schema callbacks, loggers;
   callbacks.name = "callbacks";

@@ -13,7 +13,8 @@
 
 namespace fulgur::cli {
 
-/// Checks one YAML value: nullopt when it is one, else what was expected.
+/// Checks one YAML value: nullopt when it is one, else what was expected; a word after a '\n' in it is said
+/// after the value given ("; did you mean '16-mixed'?").
 using ValueCheck = std::function<std::optional<std::string>(const YAML::Node&)>;
 
 struct ClassChoice;

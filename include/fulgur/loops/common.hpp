@@ -280,11 +280,6 @@ void run_setup_hooks(Host& host, HookCallerOf<Host, Module>& hook, Stage stage) 
   }
 }
 
-/// validate/test under several ranks: the padding that evens the shards out is evaluated twice (Lightning
-/// warns too); said once, on global rank 0, and returned in the result's warnings on every rank.
-void say_repeated_samples(std::vector<std::string>& warnings, Stage stage, std::int64_t repeated, int world_size,
-                          int global_rank);
-
 /// The weights validate/test/predict run on: EvaluationOptions::ckpt_path as the Trainer found it
 /// (empty: the module's own), and what finding it said (reported with the stage's own warnings).
 struct EvaluationWeights {
@@ -297,8 +292,11 @@ StateDict evaluation_weights(const StateDict& checkpoint, const std::string& pat
 /// A checkpoint whose weights do not fit the module: the loader's message (it names the module), with
 /// what the stage can do.
 [[noreturn]] void raise_evaluation_weights_mismatch(const std::exception& error, const std::string& path, Stage stage);
-/// EvaluationWeights::warnings, said on global rank 0 and kept in the result's warnings.
-void say_evaluation_warnings(std::vector<std::string>& into, const std::vector<std::string>& warnings, int global_rank);
+/// What an evaluation stage says besides its metrics, in the order it happened: what finding its checkpoint
+/// said, then the samples its shards repeat (`repeated`: under several ranks the padding that evens the shards
+/// out is evaluated twice; Lightning warns too). Said once, on global rank 0; returned for each result.
+std::vector<std::string> say_evaluation_warnings(const EvaluationWeights& weights, Stage stage, std::int64_t repeated,
+                                                 int world_size, int global_rank);
 
 /// Lightning's restore_model outside fit: the module's on_load_checkpoint, then the checkpoint's weights
 /// through the strategy (after its set-up: a sharded module loads its own shards). Every rank loads.
@@ -344,15 +342,14 @@ auto run_evaluation_stage(Host& host, Module& module, Data& data, Stage stage, c
           loader.shard_without_repeats(host.global_rank(), host.world_size());
     }
     auto result = run(hook, loader, views);
-    if constexpr (requires { loader.repeated_samples(); result.warnings; })
-      if (const std::int64_t repeated = loader.repeated_samples(); repeated > 0)
-        say_repeated_samples(result.warnings, stage, repeated, host.world_size(), host.global_rank());
-    if (!weights.warnings.empty()) {
-      std::vector<std::string> kept;
-      say_evaluation_warnings(kept, weights.warnings, host.global_rank());
-      if constexpr (requires { result.warnings; }) result.warnings.insert(result.warnings.begin(), kept.begin(), kept.end());
+    std::int64_t repeated = 0;
+    if constexpr (requires { loader.repeated_samples(); }) repeated = loader.repeated_samples();
+    if (repeated > 0 || !weights.warnings.empty()) {
+      const auto said = say_evaluation_warnings(weights, stage, repeated, host.world_size(), host.global_rank());
+      if constexpr (requires { result.warnings; })  // one loader's result, or each of several loaders'
+        result.warnings.insert(result.warnings.begin(), said.begin(), said.end());
       else if constexpr (requires { result.front().warnings; })
-        for (auto& each : result) each.warnings.insert(each.warnings.begin(), kept.begin(), kept.end());
+        for (auto& each : result) each.warnings.insert(each.warnings.begin(), said.begin(), said.end());
     }
     hook(hooks::teardown, stage);
     services.callbacks().finalize_loggers("success");
