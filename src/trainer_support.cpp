@@ -39,7 +39,10 @@ std::string last_checkpoint(const TrainerConfig& config, std::string_view verb,
     warnings.push_back("fulgur: " + std::string(verb) + "(ckpt_path = \"last\") is set, but there is no last "
                        "checkpoint available (looked for last*.ckpt in " + folders.front() + " and the checkpoint "
                        "callbacks' folders). No checkpoint will be loaded" +
-                       (verb == "fit" ? std::string(".") : ": " + std::string(verb) + " uses the module's own weights."));
+                       (verb == "fit" ? std::string(".") : ": " + std::string(verb) + " uses the module's own weights.") +
+                       " HINT: for fit to write one, give its ModelCheckpoint save_last = true "
+                       "(ModelCheckpointOptions{.save_last = true}; on a command line, "
+                       "--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.save_last=true), as Lightning hints.");
   return newest;
 }
 

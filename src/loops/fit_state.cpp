@@ -510,9 +510,16 @@ StateDict FitState::restore_progress(const StateDict& c) {
   if (config_.max_steps >= 0 && progress_.global_step >= config_.max_steps)
     warn("fulgur: " + what + " is at global_step " + std::to_string(progress_.global_step) + ", already at or past "
          "max_steps = " + std::to_string(config_.max_steps) + ": nothing will train. Raise max_steps to train on.");
-  else if (config_.max_epochs && *config_.max_epochs >= 0 && progress_.epochs_done >= *config_.max_epochs && resume_batch_ == 0)
-    warn("fulgur: " + what + " is at the end of epoch " + std::to_string(progress_.epochs_done) + ", already at or "
-         "past max_epochs = " + std::to_string(*config_.max_epochs) + ": nothing will train. Raise max_epochs to train on.");
+  else if (config_.max_epochs && *config_.max_epochs >= 0 && progress_.epochs_done >= *config_.max_epochs &&
+           resume_batch_ == 0) {
+    const std::int64_t done = progress_.epochs_done;  // epochs count from 0, as in every other message
+    warn("fulgur: " + what + " is " +
+         (done == 0 ? std::string("before epoch 0")
+                    : "after epoch " + std::to_string(done - 1) + " (" + std::to_string(done) + " epoch" +
+                          (done == 1 ? "" : "s") + " done)") +
+         ", already at or past max_epochs = " + std::to_string(*config_.max_epochs) +
+         ": nothing will train. Raise max_epochs to train on.");
+  }
   resume_pending_.reset();
   // OnExceptionCheckpoint's checkpoint of a batch's training half, or of an epoch's batches
   if (loop.contains("pending")) {

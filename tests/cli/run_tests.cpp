@@ -191,6 +191,18 @@ TEST_CASE("cli run: the run-time choice's errors", "[cli]") {
   CHECK_THAT(with({"--trainer.precision=bf16-mixd"}), Catch::Contains("got 'bf16-mixd'; did you mean 'bf16-mixed'?"));
   CHECK_THAT(with({"--trainer.accelerator=CPUU"}), Catch::Contains("got 'CPUU'; did you mean 'cpu'?"));
   CHECK_THAT(with({"--trainer.precision=fp8"}), Catch::Contains("got 'fp8'") && !Catch::Contains("did you mean"));
+  // --help with a file that cannot be applied says why, rather than showing the defaults without it (probe).
+  const std::string bad_file = dir + "/bad.yaml";
+  std::ofstream(bad_file) << "trainer:\n  max_epoch: 2\n";
+  CHECK_THAT(config_error([&] { run({"fit", "--config", bad_file, "--help"}); }),
+             Catch::Contains("unknown key 'trainer.max_epoch'; did you mean trainer.max_epochs?"));
+  CHECK_THAT(config_error([&] { run({"fit", "--config", dir + "/missing.yaml", "--help"}); }),
+             Catch::Contains("missing.yaml"));
+  // A log directory that cannot be made: named by the keys that place it (a probe found std::filesystem's raw text).
+  CHECK_THAT(with({"--trainer.default_root_dir=/proc/fulgur_probe/run"}),
+             Catch::Contains("cannot create the folder /proc/fulgur_probe") &&
+                 Catch::Contains("trainer.default_root_dir, or the logger's save_dir") &&
+                 !Catch::Contains("filesystem error"));
   // A strategy fulgur has but this program did not compile.
   CHECK_THAT(with({"--trainer.strategy=fsdp"}),
              Catch::Contains("'fsdp' is not a class this program compiled for it; it takes auto, single_device, ddp"));

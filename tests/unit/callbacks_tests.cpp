@@ -626,4 +626,16 @@ TEST_CASE("messages that name the cause: EarlyStopping without validation data, 
   CHECK(resumed.global_step == 6);
   REQUIRE(resumed.warnings.size() == 1);
   CHECK_THAT(resumed.warnings.front(), Catch::Contains("past max_steps = 4: nothing will train"));
+  // The same past max_epochs, with epochs counted from 0 as everywhere else (a probe read "the end of epoch 2"
+  // for a run that trained epochs 0 and 1).
+  CbTrainer<> two_epochs(test::quiet({.max_epochs = 2, .default_root_dir = root}));
+  two_epochs.fit(model, loader(8));
+  two_epochs.save_checkpoint("after2.ckpt");
+  CbTrainer<> again(test::quiet({.max_epochs = 2, .default_root_dir = root}));
+  const FitResult past = again.fit(model, loader(8), FitOptions{.ckpt_path = "after2.ckpt"});
+  INFO(Catch::Detail::stringify(past.warnings));
+  CHECK(std::count_if(past.warnings.begin(), past.warnings.end(), [](const std::string& w) {
+          return w.find("is after epoch 1 (2 epochs done), already at or past max_epochs = 2: nothing will train") !=
+                 std::string::npos;
+        }) == 1);
 }

@@ -1,6 +1,10 @@
 // The memory-mapped readers: NpyArray against files NumPy writes at test time, TokenDataset
 // against nanoGPT and llm.c token files, and the MappedFile beneath both.
 #include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
@@ -187,6 +191,57 @@ TEST_CASE("data files: NpyArray samples are views into the read-only mapping", "
     CHECK(inside(sample.data_ptr(), mapping));
   }
   CHECK(images.get(2).data_ptr() == images.get(2).data_ptr());
+}
+
+namespace {
+/// Runs `crash` in a child process: its exit status and what it wrote on stderr.
+template <class F>
+std::pair<int, std::string> in_child(F&& crash) {
+  int pipe_ends[2];
+  REQUIRE(::pipe(pipe_ends) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::dup2(pipe_ends[1], STDERR_FILENO);
+    ::close(pipe_ends[0]);
+    crash();
+    ::_exit(0);
+  }
+  ::close(pipe_ends[1]);
+  std::string said;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(pipe_ends[0], buffer, sizeof buffer)) > 0;) said.append(buffer, static_cast<std::size_t>(n));
+  ::close(pipe_ends[0]);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  return {status, said};
+}
+
+bool crashed(int status) {  // SIGSEGV; under ASan, its own report and a failing exit code
+  return WIFSIGNALED(status) ? WTERMSIG(status) == SIGSEGV : WEXITSTATUS(status) != 0;
+}
+}  // namespace
+
+TEST_CASE("data files: a sample written in place ends the process with a message naming the file and the fix (probe)",
+          "[data]") {
+  // Found by the new-user probe: x.sub_(mean) on a sample was a bare "Segmentation fault" (the mapping is read-only).
+  const std::string path = file("f32.npy");
+  const auto [status, said] = in_child([&] {
+    const NpyArray array(path);
+    array.get(0).add_(1);  // faults
+  });
+  INFO(said);
+  CHECK(crashed(status));  // still a crash, now with the cause and the fix said first
+  CHECK_THAT(said, Catch::Contains("fulgur: a tensor that views NpyArray's read-only memory map of " + path +
+                                   " was written in place") &&
+                       Catch::Contains("auto x = array.get(i).clone(); x.sub_(mean);"));
+  // A fault elsewhere (here: a SIGSEGV raised, at no address) is not blamed on a mapping.
+  const auto [other_status, other_said] = in_child([&] {
+    const NpyArray array(path);
+    ::raise(SIGSEGV);
+  });
+  CHECK(crashed(other_status));
+  CHECK(other_said.find("fulgur:") == std::string::npos);
 }
 
 TEST_CASE("data files: a tensor from NpyArray keeps the mapping alive after the array is gone", "[data]") {

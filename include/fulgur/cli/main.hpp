@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <random>
@@ -28,6 +27,7 @@
 #include "fulgur/cli/program.hpp"
 #include "fulgur/cli/resolve.hpp"
 #include "fulgur/cli/save_config.hpp"
+#include "fulgur/detail/files.hpp"
 #include "fulgur/detail/trainer_support.hpp"
 #include "fulgur/dispatch.hpp"
 #include "fulgur/fulgur.hpp"
@@ -146,8 +146,8 @@ Outcome run_subcommand(Trainer& trainer, const CommandLine& command, const YAML:
   std::string ckpt_path = is_null(tree["ckpt_path"]) ? std::string() : tree["ckpt_path"].Scalar();
   // A path as the shell gives it (relative to the working directory) when it names a file there; else as
   // the Trainer takes it ("last", "hpc", or under trainer.default_root_dir).
-  if (!ckpt_path.empty() && std::filesystem::path(ckpt_path).is_relative() && std::filesystem::exists(ckpt_path))
-    ckpt_path = std::filesystem::absolute(ckpt_path).string();
+  if (!ckpt_path.empty() && ckpt_path.front() != '/' && fulgur::detail::path_exists(ckpt_path))
+    ckpt_path = fulgur::detail::absolute_path(ckpt_path);
   auto run = [&](auto& source) {
     if (command.subcommand == "fit") {
       auto train = source.train_dataloader();
@@ -283,6 +283,7 @@ Outcome run(const std::vector<std::string>& args, Trainers trainers = shipped_tr
     Config shown(root);
     if (!settings.defaults.empty()) shown.apply({Source::Kind::text, command.program + "'s defaults", settings.defaults});
     for (const auto& source : command.sources) shown.apply(source);
+    shown.throw_if_problems();  // a file that cannot be read is said, not left out of the defaults shown (probe)
     std::cout << help_text(root, command, available, settings.description, shown.tree());
     return outcome;
   }
@@ -330,7 +331,7 @@ int main(int argc, char** argv, Trainers trainers = shipped_trainers, Classes cl
     std::cerr << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << (args.empty() ? "fulgur" : std::filesystem::path(args.front()).filename().string()) << ": "
+    std::cerr << (args.empty() ? std::string("fulgur") : args.front().substr(args.front().rfind('/') + 1)) << ": "
               << e.what() << "\n";
     return 1;
   }

@@ -1,6 +1,5 @@
 #pragma once
 // fulgur::cli::SaveConfig: Lightning's SaveConfigCallback, added by the CLI to every Trainer it builds.
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -9,6 +8,8 @@
 
 #include "fulgur/callbacks/trainer_view.hpp"
 #include "fulgur/detail/atomic_file.hpp"
+#include "fulgur/detail/files.hpp"
+#include "fulgur/errors.hpp"
 #include "fulgur/loggers/hyperparameters.hpp"
 #include "fulgur/stage.hpp"
 #include "fulgur/state_dict.hpp"
@@ -24,18 +25,25 @@ class SaveConfig {
   void setup(TrainerView& trainer, torch::nn::Module&, Stage stage) {
     if (!enabled_ || stage != Stage::fit || !trainer.is_global_zero() || written_) return;
     written_ = true;
-    const std::filesystem::path dir = trainer.log_dir();
-    std::filesystem::create_directories(dir);
+    // POSIX, not std::filesystem (fulgur/detail/files.hpp says why), and a folder that cannot be made is named
+    // by the keys that place it (a probe found std::filesystem's raw "cannot create directories").
+    const std::string dir = trainer.log_dir();
+    try {
+      fulgur::detail::make_directories(dir);
+    } catch (const std::exception& e) {  // e names the folder, the OS's reason and what to check
+      throw MisconfigurationError(std::string(e.what()) + " (the run's log directory, where the resolved config is "
+                                  "written: trainer.default_root_dir, or the logger's save_dir)");
+    }
     // Never over another run's config (a resumed run writes into the same log directory): the next free name.
-    std::filesystem::path path = dir / "config.yaml";
-    for (int version = 1; std::filesystem::exists(path); ++version) {
+    std::string path = dir + "/config.yaml";
+    for (int version = 1; fulgur::detail::path_exists(path); ++version) {
       std::ifstream in(path);
       std::stringstream old;
       old << in.rdbuf();
       if (old.str() == yaml_) return;
-      path = dir / ("config-v" + std::to_string(version) + ".yaml");
+      path = dir + "/config-v" + std::to_string(version) + ".yaml";
     }
-    fulgur::detail::atomic_write(path.string(), yaml_, "the resolved config");
+    fulgur::detail::atomic_write(path, yaml_, "the resolved config");
   }
   Hyperparameters hyperparameters() const { return enabled_ ? flat_ : Hyperparameters{}; }
   /// hyper_parameters: the model's keys (as Lightning's save_hyperparameters stores its init args) and

@@ -11,8 +11,9 @@
 //
 // The tensors returned are views into the mapping, which they keep alive: a tensor may outlive the
 // NpyArray. The mapping is read-only, but at::from_blob makes a tensor that LibTorch thinks writable:
-// writing into one (an in-place op, copy_ into it) is undefined — in practice it kills the process
-// with SIGSEGV. Clone a sample before changing it in place; collating (at::stack) copies anyway.
+// writing into one (an in-place op, copy_ into it) kills the process with SIGSEGV, after a line naming
+// the file and the fix (src/data/mapped_file.cpp). Clone a sample before changing it in place; collating
+// (at::stack) copies anyway.
 // The data may start at an offset that is not a multiple of the element size (a file written by
 // hand; NumPy pads the header to 64 bytes): LibTorch's CPU kernels read such tensors correctly,
 // and a copy to the GPU copies bytes, but a custom kernel that assumes alignment must copy first.
