@@ -57,7 +57,7 @@ MeantName probably_meant(std::string_view axis, std::string_view given, std::spa
   for (std::string_view name : names) {
     const std::string theirs = folded(name);
     const std::size_t edits = edit_distance(mine, theirs);
-    if (edits < fewest && 3 * edits < std::max(mine.size(), theirs.size()) && theirs != mine) {
+    if (edits < fewest && 3 * edits < std::max(mine.size(), theirs.size())) {  // 0: case or - and _ alone
       fewest = edits;
       best.name = name;
     }

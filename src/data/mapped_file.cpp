@@ -49,7 +49,7 @@ int advice_of(Access access) {
 // ---- a write into a mapping: the crash says what it was ---------------------------------------------
 // A sample is a view of the read-only mapping (zero copy), so an in-place op on it (x.sub_(mean) in a
 // dataset's get) faults. Without a word that is a bare "Segmentation fault" from a worker thread; a
-// SIGSEGV handler, installed with the first mapping, names the file and the fix when the faulting address
+// SIGSEGV handler, installed with a mapping, names the file and the fix when the faulting address
 // is in one of fulgur's mappings, then hands the signal back to the handler it replaced (the default: the
 // process ends with SIGSEGV, as before). Everything it touches is async-signal-safe: lock-free atomics,
 // fixed buffers, write(2), sigaction(2).
@@ -74,7 +74,7 @@ void say(const char* text) {
   }
 }
 
-void on_segv(int signal, siginfo_t* info, void* context) {
+void on_segv(int signal, siginfo_t* info, void* /*context*/) {
   const auto address = reinterpret_cast<std::uintptr_t>(info->si_addr);
   for (const MappingSlot& slot : mapping_slots) {
     const std::uintptr_t begin = slot.begin.load(std::memory_order_acquire);
@@ -87,20 +87,29 @@ void on_segv(int signal, siginfo_t* info, void* context) {
       break;
     }
   }
-  ::sigaction(SIGSEGV, &previous_segv_action, nullptr);  // the fault repeats on return, under that handler
-  if ((previous_segv_action.sa_flags & SA_SIGINFO) != 0 && previous_segv_action.sa_sigaction != nullptr)
-    previous_segv_action.sa_sigaction(signal, info, context);
+  // The handler it replaced takes over: a fault repeats on return and reaches it; a SIGSEGV sent by
+  // kill/raise (si_code <= 0) would not repeat, so it is sent again (pending until this handler returns).
+  ::sigaction(SIGSEGV, &previous_segv_action, nullptr);
+  if (info->si_code <= 0) ::raise(signal);
 }
 
 void name_mapping(const void* data, std::size_t size, std::string_view reader, const std::string& path) {
-  static std::once_flag installed;
-  std::call_once(installed, [] {
-    struct sigaction action {};
-    action.sa_sigaction = on_segv;
-    action.sa_flags = SA_SIGINFO | SA_ONSTACK;  // SA_ONSTACK: a thread's alternate stack, where it has one
-    sigemptyset(&action.sa_mask);
-    ::sigaction(SIGSEGV, &action, &previous_segv_action);
-  });
+  {
+    // Installed with each mapping unless it is the handler now: one installed since (a test framework's,
+    // a crash reporter's) stays the one this hands on to.
+    static std::mutex installing;
+    const std::lock_guard lock(installing);
+    struct sigaction current {};
+    ::sigaction(SIGSEGV, nullptr, &current);
+    if ((current.sa_flags & SA_SIGINFO) == 0 || current.sa_sigaction != on_segv) {
+      struct sigaction action {};
+      action.sa_sigaction = on_segv;
+      action.sa_flags = SA_SIGINFO | SA_ONSTACK;  // SA_ONSTACK: a thread's alternate stack, where it has one
+      sigemptyset(&action.sa_mask);
+      previous_segv_action = current;
+      ::sigaction(SIGSEGV, &action, nullptr);
+    }
+  }
   for (MappingSlot& slot : mapping_slots) {
     if (slot.taken.exchange(true, std::memory_order_acq_rel)) continue;
     const std::string text = std::string(reader) + "'s read-only memory map of " + path;
