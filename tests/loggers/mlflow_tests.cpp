@@ -8,16 +8,19 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <thread>
 
 #include "fulgur/errors.hpp"
 #include "fulgur/loggers/mlflow_logger.hpp"
 #include "src/loggers/mlflow/json.hpp"
+#include "src/loggers/mlflow/sender.hpp"
 #include "src/loggers/mlflow/store.hpp"
 
 using namespace fulgur;
@@ -66,6 +69,69 @@ std::size_t count_containing(const std::vector<std::string>& texts, const std::s
 std::string env_or(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);
   return value != nullptr && *value != '\0' ? value : fallback;
+}
+
+/// A server that times out every log-batch over `limit` metric values (a busy sqlite-backed server
+/// that takes longer than request_timeout over a big batch), and takes every smaller one.
+class SlowOverLimitStore final : public loggers::mlflow::Store {
+ public:
+  explicit SlowOverLimitStore(std::vector<std::size_t> limits) : limits_(std::move(limits)) {}
+  std::vector<std::size_t> sizes;   // of each log-batch tried, in order
+  std::vector<std::int64_t> steps;  // of each metric value taken, in order
+
+  std::string describe() const override { return "the fake server"; }
+  bool local() const override { return false; }
+  loggers::mlflow::Result start_run(const loggers::mlflow::RunRequest&, loggers::mlflow::RunInfo& out) override {
+    out.run_id = "run";
+    return loggers::mlflow::Result::ok();
+  }
+  loggers::mlflow::Result log_batch(const loggers::mlflow::RunInfo&, const std::vector<loggers::mlflow::MetricRecord>& metrics,
+                                    const std::vector<loggers::mlflow::KeyValue>&,
+                                    const std::vector<loggers::mlflow::KeyValue>&) override {
+    sizes.push_back(metrics.size());
+    const std::size_t limit = limits_[std::min(taken_, limits_.size() - 1)];  // limits_[i] for the i-th batch taken
+    if (metrics.size() > limit)
+      return {loggers::mlflow::Outcome::retry, "runs/log-batch: Operation timed out after 1000 milliseconds", true};
+    ++taken_;
+    for (const auto& m : metrics) steps.push_back(m.step);
+    return loggers::mlflow::Result::ok();
+  }
+  loggers::mlflow::Result end_run(const loggers::mlflow::RunInfo&, std::string_view, std::int64_t) override {
+    return loggers::mlflow::Result::ok();
+  }
+  loggers::mlflow::Result log_artifact(const loggers::mlflow::RunInfo&, const std::string&, const std::string&,
+                                       const std::string&) override {
+    return loggers::mlflow::Result::ok();
+  }
+
+ private:
+  std::vector<std::size_t> limits_;
+  std::size_t taken_ = 0;
+};
+
+/// What a sender did with `count` values queued at once, then finished (its thread has ended).
+struct SentThrough {
+  std::vector<std::size_t> sizes;
+  std::vector<std::int64_t> steps;
+  std::vector<std::string> warnings;
+  std::size_t unsent = 0;
+};
+
+SentThrough send_through(std::vector<std::size_t> limits, std::int64_t count) {
+  auto store = std::make_unique<SlowOverLimitStore>(std::move(limits));
+  const SlowOverLimitStore& seen = *store;
+  loggers::mlflow::Sender sender(std::move(store), loggers::mlflow::RunRequest{}, loggers::mlflow::SenderSettings{});
+  std::vector<loggers::mlflow::MetricRecord> values;
+  for (std::int64_t step = 0; step < count; ++step) values.push_back({"loss", 1.0, 0, step});
+  sender.add_metrics(std::move(values));
+  sender.finish("FINISHED", std::chrono::seconds(30));
+  return {seen.sizes, seen.steps, sender.take_warnings(), sender.unsent()};
+}
+
+std::vector<std::int64_t> steps_up_to(std::int64_t count) {
+  std::vector<std::int64_t> steps(static_cast<std::size_t>(count));
+  std::iota(steps.begin(), steps.end(), 0);
+  return steps;
 }
 
 }  // namespace
@@ -138,6 +204,33 @@ TEST_CASE("a malformed tracking URI or an unwritable file store is refused at se
   CHECK_THROWS_WITH(tags.set_up({.root_dir = dir.string()}), Catch::Contains("'bad key!'"));
   MLFlowLogger zero({.tracking_uri = "file:" + (dir / "ok").string(), .max_buffered_values = 0});
   CHECK_THROWS_AS(zero.set_up({.root_dir = dir.string()}), MisconfigurationError);
+}
+
+TEST_CASE("a log-batch too big for a slow server is halved until it passes, and a bigger one is tried again later, quietly", "[mlflow]") {
+  SECTION("the server stays slow over 300 values") {
+    // 1000 and 500 time out (one outage, said once), then 250s pass; after 16 a 500 is tried, times out and
+    // goes back to 250 unsaid; the next trial would wait for 32 passes, more than are left.
+    const SentThrough sent = send_through({300}, 10'000);
+    INFO(Catch::Detail::stringify(sent.sizes));
+    CHECK(sent.steps == steps_up_to(10'000));  // each value once, in order: nothing lost
+    CHECK(sent.unsent == 0);
+    CHECK(count_containing(sent.warnings, "does not answer (runs/log-batch: Operation timed out") == 1);
+    CHECK(sent.warnings.size() == 1);
+    REQUIRE(sent.sizes.size() > 18);
+    CHECK(std::vector<std::size_t>(sent.sizes.begin(), sent.sizes.begin() + 3) == std::vector<std::size_t>{1000, 500, 250});
+    CHECK(sent.sizes[2 + 16] == 500);
+    CHECK(std::count(sent.sizes.begin(), sent.sizes.end(), 500) == 2);  // the first halving, and one trial
+    CHECK(std::count(sent.sizes.begin(), sent.sizes.end(), 1000) == 1);
+  }
+  SECTION("the server is quick again: the batches grow back to MLflow's 1000") {
+    std::vector<std::size_t> limits(16, 300);  // the 16 batches after the slow spell still take at most 300
+    limits.push_back(1000);
+    const SentThrough sent = send_through(limits, 20'000);
+    INFO(Catch::Detail::stringify(sent.sizes));
+    CHECK(sent.steps == steps_up_to(20'000));
+    CHECK(sent.warnings.size() == 1);
+    CHECK(std::count(sent.sizes.begin() + 3, sent.sizes.end(), 1000) >= 5);  // 250s, 500s, then 1000s
+  }
 }
 
 TEST_CASE("a server that never answers: one outage warning, training goes on, finalize waits a bounded time and says what is lost", "[mlflow]") {

@@ -53,7 +53,7 @@ std::string env(const char* name) {
 
 /// The outcome of a request: the server's error message for a refusal, curl's for a failed transfer.
 Result outcome(const Response& r, const std::string& what) {
-  if (r.code != CURLE_OK) return {Outcome::retry, what + ": " + r.error};
+  if (r.code != CURLE_OK) return {Outcome::retry, what + ": " + r.error, r.code == CURLE_OPERATION_TIMEDOUT};
   if (r.status >= 200 && r.status < 300) return Result::ok();
   const auto json = parse_json(r.body);
   std::string message = json ? json->string_at("message") : std::string();
@@ -63,7 +63,9 @@ Result outcome(const Response& r, const std::string& what) {
   std::string said = what + ": HTTP " + std::to_string(r.status) + (message.empty() ? "" : " " + message);
   if (r.status == 404 && !json)  // an answer that is not MLflow's: the URI's path is likely not the server's root
     said += " (not an MLflow REST answer: is the tracking URI the server's root, e.g. http://host:5000?)";
-  // Throttled or a server error: worth trying again. Any other 4xx is this request's fault.
+  // Throttled, a server error or a body too large for a proxy: worth trying again (413 and 504 in
+  // smaller batches). Any other 4xx is this request's fault.
+  if (r.status == 413 || r.status == 504) return {Outcome::retry, said, true};
   if (r.status == 429 || r.status >= 500 || r.status == 0) return {Outcome::retry, said};
   return {Outcome::rejected, said};
 }

@@ -12,6 +12,7 @@ namespace {
 constexpr std::size_t max_params_per_batch = 100;    // MLflow's limits (mlflow/utils/validation.py)
 constexpr std::size_t max_metrics_per_batch = 1000;
 constexpr std::chrono::duration<double> first_backoff{0.25};
+constexpr std::size_t max_passes_before_probe = 1024;
 
 std::string seconds(std::chrono::duration<double> d) {
   char text[32];
@@ -21,7 +22,7 @@ std::string seconds(std::chrono::duration<double> d) {
 }  // namespace
 
 Sender::Sender(std::unique_ptr<Store> store, RunRequest request, SenderSettings settings)
-    : store_(std::move(store)), request_(std::move(request)), settings_(settings) {}
+    : store_(std::move(store)), request_(std::move(request)), settings_(settings), metric_batch_(max_metrics_per_batch) {}
 
 Sender::~Sender() {
   {
@@ -181,7 +182,7 @@ void Sender::attempt(Step step, std::unique_lock<std::mutex>& lock) {
     count = std::min(params_.size(), max_params_per_batch);
     params.assign(params_.begin(), params_.begin() + static_cast<std::ptrdiff_t>(count));
   } else if (step == Step::metrics) {
-    count = in_flight_ = std::min(metrics_.size(), max_metrics_per_batch);
+    count = in_flight_ = std::min(metrics_.size(), metric_batch_);
     metrics.assign(metrics_.begin(), metrics_.begin() + static_cast<std::ptrdiff_t>(count));
   } else if (step == Step::artifact) {
     job = artifacts_.front();
@@ -213,6 +214,7 @@ Result Sender::perform(Step step, const RunInfo& run, const std::vector<MetricRe
 }
 
 void Sender::settle(Step step, const Result& result, std::size_t count, RunInfo started) {
+  if (step == Step::metrics && !size_metric_batches(result, count)) return;
   if (result.outcome == Outcome::retry) {
     outage(result.message);
     retry_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(backoff_);
@@ -242,6 +244,25 @@ void Sender::settle(Step step, const Result& result, std::size_t count, RunInfo 
     case Step::none: break;
   }
   if (metrics_.empty()) warned_drop_ = false;
+}
+
+bool Sender::size_metric_batches(const Result& result, std::size_t count) {
+  const bool probe = std::exchange(probing_, false);
+  if (result.outcome != Outcome::retry) {
+    if (++passed_at_size_ >= passes_before_probe_ && metric_batch_ < max_metrics_per_batch &&
+        metrics_.size() - count > metric_batch_) {  // a bigger batch is waiting: try it
+      metric_batch_ = std::min(metric_batch_ * 2, max_metrics_per_batch);
+      passed_at_size_ = 0;
+      probing_ = true;
+    }
+    return true;
+  }
+  if (!result.size_may_matter || count <= 1) return true;
+  metric_batch_ = std::max<std::size_t>(count / 2, 1);
+  passed_at_size_ = 0;
+  if (!probe) return true;  // an outage, or a batch too big for a slow server: said, and backed off
+  passes_before_probe_ = std::min(passes_before_probe_ * 2, max_passes_before_probe);
+  return false;  // the smaller size passed just before: no outage, retried at once
 }
 
 void Sender::outage(const std::string& message) {

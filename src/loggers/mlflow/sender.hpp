@@ -6,6 +6,13 @@
 // when it begins and once when it ends, on stderr and as a warning; a request the store refuses
 // (4xx) is dropped and said once per message. finish() sends what is queued, ends the run, and
 // waits a bounded time.
+//
+// A metric batch that times out (or gets 413/504) may be too big for the server as it is now (a
+// busy sqlite-backed server can take seconds over 1000 values, and a retried batch costs it more:
+// it checks each value against those already logged). Resending the same batch would never pass,
+// so the batch is halved at each such failure, down to one value; after enough batches pass at the
+// smaller size, one at twice the size is tried. A probe that fails goes back quietly (the server
+// answered the smaller batches: that is no outage) and the next probe waits twice as long.
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -64,6 +71,8 @@ class Sender {
   Result perform(Step step, const RunInfo& run, const std::vector<MetricRecord>& metrics,
                  const std::vector<KeyValue>& params, const ArtifactJob& job, RunInfo& started);
   void settle(Step step, const Result& result, std::size_t count, RunInfo started);
+  /// Halves or grows metric_batch_ after a log-batch; false: a failed probe, retried at once unsaid.
+  bool size_metric_batches(const Result& result, std::size_t count);
   void ensure_thread();
   void outage(const std::string& message);
   void recovered();
@@ -90,6 +99,10 @@ class Sender {
   bool failing_ = false, warned_drop_ = false;
   Clock::time_point outage_began_{}, retry_at_{};
   std::chrono::duration<double> backoff_{0.25};
+  std::size_t metric_batch_;                // metric values per log-batch now (MLflow's limit at most)
+  std::size_t passed_at_size_ = 0;          // batches passed since metric_batch_ was last changed
+  std::size_t passes_before_probe_ = 16;    // how many must pass before a batch twice as big is tried
+  bool probing_ = false;                    // the batch under way is such a trial
   std::set<std::string> refusals_;  // messages said already
   std::vector<std::string> warnings_;
 };

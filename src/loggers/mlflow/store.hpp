@@ -44,6 +44,7 @@ enum class Outcome { ok, retry, rejected };
 struct Result {
   Outcome outcome = Outcome::ok;
   std::string message;  ///< what failed, for the warning
+  bool size_may_matter = false;  ///< a retry after a timeout, 504 or 413: a smaller batch may pass
   static Result ok() { return {}; }
 };
 
