@@ -2,7 +2,15 @@
 # The test suite: set up if needed, build everything, run ctest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Where the time went, said at the end however it ends (CI's 40-minute budget is watched from its log).
+phases=()
+phase() { phases+=("$1 $((SECONDS - phase_began)) s"); phase_began=$SECONDS; }
+said() { local joined; printf -v joined '%s, ' "${phases[@]}"; echo "fulgur: scripts/test.sh took ${SECONDS} s (${joined%, })"; }
+trap 'phase "${current:-?}"; said' EXIT
+phase_began=$SECONDS
+current=set-up
 bash "$root/scripts/setup.sh"
+phase set-up; current=build
 build="${FULGUR_BUILD_DIR:-$root/build}"
 jobs="${FULGUR_JOBS:-$(nproc)}"
 # What keeps a fresh run on 2 cores short: the benchmarks built for their smoke tests, not their figures
@@ -11,6 +19,7 @@ jobs="${FULGUR_JOBS:-$(nproc)}"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFULGUR_BENCH_OPTIMIZED=OFF \
       -DFULGUR_PACKAGE_BUILD_TESTS=OFF
 cmake --build "$build" -j "$jobs"
+phase build; current=tests
 # One LibTorch (OpenMP) thread per test process: ctest runs $jobs tests at once, and OpenMP threads that spin
 # while another test holds the core cost 20x the CPU (the digits example: 35 s instead of 1.8 s).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
