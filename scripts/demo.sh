@@ -10,7 +10,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # --print_config > run.yaml` writes the config and nothing else).
 bash "$root/scripts/setup.sh" >&2
 build="${FULGUR_BUILD_DIR:-$root/build}"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFULGUR_EXAMPLES_OPTIMIZED=ON >/dev/null
 if [[ "${1:-}" == gpt ]]; then
   shift
   cmake --build "$build" --target gpt >&2

@@ -13,11 +13,11 @@ bash "$root/scripts/setup.sh"
 phase set-up; current=build
 build="${FULGUR_BUILD_DIR:-$root/build}"
 jobs="${FULGUR_JOBS:-$(nproc)}"
-# What keeps a fresh run on 2 cores short: the benchmarks built for their smoke tests, not their figures
-# (bench/CMakeLists.txt); the add_subdirectory consumer configured, its second libfulgur built by
-# `scripts/check.sh clang` (tests/package/CMakeLists.txt).
+# What keeps a fresh run on 2 cores short: the benchmarks and examples built for their tests, not their
+# speed (bench/CMakeLists.txt, examples/CMakeLists.txt); the add_subdirectory consumer configured, its
+# second libfulgur built by `scripts/check.sh clang` (tests/package/CMakeLists.txt).
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFULGUR_BENCH_OPTIMIZED=OFF \
-      -DFULGUR_PACKAGE_BUILD_TESTS=OFF
+      -DFULGUR_EXAMPLES_OPTIMIZED=OFF -DFULGUR_PACKAGE_BUILD_TESTS=OFF
 cmake --build "$build" -j "$jobs"
 phase build; current=tests
 # One LibTorch (OpenMP) thread per test process: ctest runs $jobs tests at once, and OpenMP threads that spin

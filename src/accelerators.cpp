@@ -1,5 +1,6 @@
 // Lightning's `devices` parsing (lightning/fabric/utilities/device_parser.py, cpu.py).
 #include <ATen/Context.h>
+#include <ATen/cpu/Utils.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
@@ -153,6 +154,28 @@ std::string available_accelerators_text() {
 }
 
 }  // namespace fulgur::detail
+
+namespace fulgur {
+
+bool CPUAccelerator::has_fast_reduced_precision() {
+  // LibTorch's own test (mkldnn_bf16_device_check): AVX-512 BW, VL and DQ, or the native bf16/fp16 units.
+  static const bool fast = [] {
+    const auto capabilities = at::cpu::get_cpu_capabilities();
+    const auto has = [&](const char* key) {
+      const auto found = capabilities.find(key);
+      return found != capabilities.end() && found->second.isBool() && found->second.toBool();
+    };
+    const auto architecture = capabilities.find("architecture");
+    const bool x86 = architecture != capabilities.end() && architecture->second.isString() &&
+                     architecture->second.toStringRef().find("x86") != std::string::npos;
+    if (!x86) return true;  // no claim made about other CPUs
+    return (has("avx512_bw") && has("avx512_vl") && has("avx512_dq")) || has("avx512_bf16") || has("amx_bf16") ||
+           has("avx512_fp16") || has("amx_fp16");
+  }();
+  return fast;
+}
+
+}  // namespace fulgur
 
 #if !FULGUR_WITH_CUDA
 // Built without CUDA: the policy exists (so code naming it compiles) and reports no devices.

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <string>
 
+#include "fulgur/accelerators/cpu.hpp"
 #include "fulgur/accelerators/device_parsing.hpp"
 #include "fulgur/detail/describe.hpp"
 #include "fulgur/detail/elastic_resume.hpp"
@@ -124,6 +125,16 @@ std::string checkpoint_to_load(const TrainerConfig& config, std::string_view ver
     std::cerr << "fulgur: " << (fitting ? "restoring states" : "loading the weights") << " from the checkpoint path at "
               << resolved << std::endl;
   return resolved;
+}
+
+void say_slow_cpu_precision(std::string_view precision, bool global_zero, bool& said) {
+  const bool reduced = precision.starts_with("16-") || precision.starts_with("bf16-");
+  if (said || !reduced || !global_zero || CPUAccelerator::has_fast_reduced_precision()) return;
+  said = true;
+  std::cerr << "fulgur: " << precision << " on this CPU will be slow: it has neither AVX-512 nor AMX, so LibTorch "
+            << "computes float16 and bfloat16 matrix products in its reference loops, tens of times slower than in "
+            << "float32 (docs/precision.md). Train in 32-true on this machine; reduced precision pays off on a GPU or "
+            << "on a CPU with AVX-512 or AMX." << std::endl;
 }
 
 void end_preempted_process(int exit_code) {

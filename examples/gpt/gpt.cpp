@@ -14,6 +14,7 @@
 #include <fulgur/cli.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -81,7 +82,8 @@ class TokenData {
   std::optional<fulgur::data::TokenDataset> train_, val_;
 };
 
-/// The run this program makes unless told otherwise: 1500 steps in bf16-mixed, validation every 250 steps
+/// The run this program makes unless told otherwise: 1500 steps in bf16-mixed (32-true on a CPU without
+/// fast bfloat16 kernels, see default_settings), validation every 250 steps
 /// counted across epochs (check_val_every_n_epoch null, so the last validation is at the last step),
 /// checkpoints in a fixed folder that --ckpt_path=last finds (ModelCheckpoint last in the list:
 /// --trainer.callbacks.dirpath moves them).
@@ -106,6 +108,21 @@ trainer:
       save_last: true
   logger: [TensorBoardLogger, CSVLogger]
 )";
+
+/// bf16-mixed where it is fast: on a GPU, or a CPU with AVX-512 or AMX. On an AVX2-only CPU bfloat16
+/// matrix products run tens of times slower than float32 (docs/precision.md), so 32-true is the default
+/// there, said once; --trainer.precision=bf16-mixed still asks for it.
+std::string default_settings(const std::vector<std::string>& args) {
+  std::string settings = defaults;
+  if (fulgur::CPUAccelerator::has_fast_reduced_precision() || torch::cuda::is_available()) return settings;
+  settings.replace(settings.find("precision: bf16-mixed"), std::string_view("precision: bf16-mixed").size(),
+                   "precision: 32-true");
+  const bool asked = std::ranges::any_of(args, [](const std::string& a) { return a.starts_with("--trainer.precision"); });
+  if (!asked && args.size() > 1 && args[1] == "fit")
+    std::cerr << "gpt: this CPU has no fast bfloat16 kernels (no AVX-512 or AMX): training in 32-true "
+                 "(--trainer.precision=bf16-mixed asks for bf16-mixed all the same)\n";
+  return settings;
+}
 
 /// argv[i] as a number, or an error naming the flag.
 double number_after(const std::string& flag, const std::string& text) {
@@ -161,7 +178,7 @@ int main(int argc, char** argv) {
         {.description = "A byte-level GPT on text from disk. First `gpt prepare TEXT_FILE --out DIR` writes the "
                         "token files; then `gpt fit --data.dir=DIR` (docs/gpt-example.md). --goal LOSS: fit exits 1 "
                         "above that final validation loss.",
-         .defaults = defaults,
+         .defaults = default_settings(args),
          .links = {{"model.context", "data.context"}}});
     if (outcome.exit_code != 0 || !outcome.fit || goal <= 0.0) return outcome.exit_code;
     const double val_loss = outcome.fit->metrics.count("val_loss") ? outcome.fit->metrics.at("val_loss") : INFINITY;

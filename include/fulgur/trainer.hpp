@@ -479,6 +479,8 @@ class Trainer {
       std::vector<std::string> warnings;  // reported with the fit's own (FitResult::warnings)
       options.ckpt_path =
           detail::checkpoint_to_load(config_, "fit", options.ckpt_path, checkpoint_sources(), is_global_zero(), warnings);
+      if constexpr (A::device_type == c10::kCPU)
+        detail::say_slow_cpu_precision(P::name, is_global_zero(), slow_precision_said_);
       std::optional<torch::autograd::DetectAnomalyGuard> anomaly_mode;  // TrainerConfig::detect_anomaly
       if (config_.detect_anomaly) anomaly_mode.emplace();
       FitResult result = loops::fit(*this, module, train_data, val_data, std::move(options), std::move(warnings));
@@ -495,8 +497,9 @@ class Trainer {
     const auto& callbacks = loop_services_.callbacks();
     return {callbacks.checkpoint_folders(config_.default_root_dir), callbacks.best_model_paths()};
   }
-  loops::EvaluationWeights evaluation_weights(Stage stage, const EvaluationOptions& options) const {
+  loops::EvaluationWeights evaluation_weights(Stage stage, const EvaluationOptions& options) {
     loops::EvaluationWeights weights;
+    if constexpr (A::device_type == c10::kCPU) detail::say_slow_cpu_precision(P::name, is_global_zero(), slow_precision_said_);
     weights.checkpoint = detail::checkpoint_to_load(config_, to_string(stage), options.ckpt_path, checkpoint_sources(),
                                                     is_global_zero(), weights.warnings);
     return weights;
@@ -580,6 +583,7 @@ class Trainer {
   S strategy_;
   P precision_ = make_precision();
   torch::nn::Module* module_ = nullptr;  // the module of the last setup, for backward(loss)
+  bool slow_precision_said_ = false;     // detail::say_slow_cpu_precision: once per Trainer
   // The loops' plumbing: callbacks and loggers, where the last fit ended, the fit under way (or the
   // last one); also the Trainer's side of the library boundary (loops/boundary.hpp).
   loops::LoopServices<Trainer, callbacks_type> loop_services_;

@@ -1,5 +1,6 @@
 // Precision policies: names, dtype flow, conversions, contexts, autocast against Python.
 #include <ATen/autocast_mode.h>
+#include <cstdio>
 #include <catch2/catch.hpp>
 
 #include "unit/support.hpp"
@@ -289,4 +290,48 @@ TEST_CASE("16-true with Adam's default eps: the NaN error names the cause", "[pr
   const auto message =
       test::message_of<NonFiniteLossError>([&] { trainer.fit(model, data::TensorLoader(x, y, {.batch_size = 8})); });
   CHECK_THAT(message, Catch::Contains("eps(1e-4)") && Catch::Contains("'16-true'"));
+}
+
+TEST_CASE("reduced precision on a CPU without LibTorch's fast kernels is said once per Trainer", "[precision][cpu]") {
+  // LibTorch's own verdict on this CPU, from the venv's torch: oneDNN's bfloat16 kernels, or its reference loops.
+  std::string verdict;
+  {
+    const std::string command = std::string(FULGUR_TEST_PYTHON) +
+                                " -c 'import platform, torch; print(platform.machine(), "
+                                "torch.ops.mkldnn._is_mkldnn_bf16_supported())'";
+    std::FILE* pipe = ::popen(command.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    char buffer[256];
+    while (const std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) verdict.append(buffer, n);
+    REQUIRE(::pclose(pipe) == 0);
+  }
+  INFO("Python: " << verdict);
+  const bool fast = CPUAccelerator::has_fast_reduced_precision();
+  if (verdict.starts_with("x86_64")) CHECK(fast == (verdict.find("True") != std::string::npos));
+
+  const auto said_by = [](auto trainer) {
+    torch::manual_seed(0);
+    test::Classifier model;
+    auto [x, y] = test::classification_data(64);
+    data::TensorLoader loader(x, y, {.batch_size = 32});
+    std::ostringstream captured;
+    std::streambuf* const original = std::cerr.rdbuf(captured.rdbuf());
+    trainer.fit(model, loader, loader);
+    trainer.validate(model, loader);
+    std::cerr.rdbuf(original);
+    const std::string text = captured.str();
+    std::size_t count = 0;
+    for (auto at = text.find("on this CPU will be slow"); at != std::string::npos; at = text.find("on this CPU will be slow", at + 1))
+      ++count;
+    return std::pair{count, text};
+  };
+  const auto [bf16, bf16_text] = said_by(Trainer<CPUAccelerator, SingleDeviceStrategy, BF16MixedPrecision>(
+      test::quiet({.max_epochs = 1})));
+  INFO(bf16_text);
+  CHECK(bf16 == (fast ? 0 : 1));  // fit and validate: once
+  if (!fast) CHECK_THAT(bf16_text, Catch::Contains("fulgur: bf16-mixed on this CPU will be slow") &&
+                                       Catch::Contains("Train in 32-true on this machine"));
+  const auto [fp32, fp32_text] = said_by(Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision>(
+      test::quiet({.max_epochs = 1})));
+  CHECK(fp32 == 0);
 }

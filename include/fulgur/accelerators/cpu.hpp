@@ -31,6 +31,11 @@ class CPUAccelerator {
   void teardown() {}
   /// Every floating dtype computes on CPU (bf16 and fp16 in software where the ISA lacks them).
   static bool supports_dtype(const c10::Device&, c10::ScalarType) { return true; }
+  /// Whether this CPU has LibTorch's fast float16/bfloat16 kernels (oneDNN's; on x86 they need AVX-512
+  /// or AMX). false on an AVX2-only x86 CPU, where a bfloat16 or float16 matrix product runs on
+  /// LibTorch's reference loops, tens of times slower than in float32 (docs/precision.md): a
+  /// "16-" or "bf16-" precision on such a CPU is said once by fit (stderr). true elsewhere.
+  static bool has_fast_reduced_precision();
 };
 
 }  // namespace fulgur
