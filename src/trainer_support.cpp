@@ -127,8 +127,8 @@ std::string checkpoint_to_load(const TrainerConfig& config, std::string_view ver
   return resolved;
 }
 
-void say_slow_cpu_precision(std::string_view precision, bool global_zero, bool& said) {
-  const bool reduced = precision.starts_with("16-") || precision.starts_with("bf16-");
+void say_slow_cpu_precision(std::string_view precision, c10::ScalarType dtype, bool global_zero, bool& said) {
+  const bool reduced = dtype == c10::kHalf || dtype == c10::kBFloat16;
   if (said || !reduced || !global_zero || CPUAccelerator::has_fast_reduced_precision()) return;
   said = true;
   std::cerr << "fulgur: " << precision << " on this CPU will be slow: it has neither AVX-512 nor AMX, so LibTorch "

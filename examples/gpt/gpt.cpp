@@ -115,8 +115,10 @@ trainer:
 std::string default_settings(const std::vector<std::string>& args) {
   std::string settings = defaults;
   if (fulgur::CPUAccelerator::has_fast_reduced_precision() || torch::cuda::is_available()) return settings;
-  settings.replace(settings.find("precision: bf16-mixed"), std::string_view("precision: bf16-mixed").size(),
-                   "precision: 32-true");
+  constexpr std::string_view bf16 = "precision: bf16-mixed";
+  const std::size_t at = settings.find(bf16);
+  if (at == std::string::npos) return settings;  // the defaults above name another precision: nothing to swap
+  settings.replace(at, bf16.size(), "precision: 32-true");
   const bool asked = std::ranges::any_of(args, [](const std::string& a) { return a.starts_with("--trainer.precision"); });
   if (!asked && args.size() > 1 && args[1] == "fit")
     std::cerr << "gpt: this CPU has no fast bfloat16 kernels (no AVX-512 or AMX): training in 32-true "

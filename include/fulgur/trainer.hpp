@@ -479,8 +479,7 @@ class Trainer {
       std::vector<std::string> warnings;  // reported with the fit's own (FitResult::warnings)
       options.ckpt_path =
           detail::checkpoint_to_load(config_, "fit", options.ckpt_path, checkpoint_sources(), is_global_zero(), warnings);
-      if constexpr (A::device_type == c10::kCPU)
-        detail::say_slow_cpu_precision(P::name, is_global_zero(), slow_precision_said_);
+      say_if_slow_on_this_cpu();
       std::optional<torch::autograd::DetectAnomalyGuard> anomaly_mode;  // TrainerConfig::detect_anomaly
       if (config_.detect_anomaly) anomaly_mode.emplace();
       FitResult result = loops::fit(*this, module, train_data, val_data, std::move(options), std::move(warnings));
@@ -499,7 +498,7 @@ class Trainer {
   }
   loops::EvaluationWeights evaluation_weights(Stage stage, const EvaluationOptions& options) {
     loops::EvaluationWeights weights;
-    if constexpr (A::device_type == c10::kCPU) detail::say_slow_cpu_precision(P::name, is_global_zero(), slow_precision_said_);
+    say_if_slow_on_this_cpu();
     weights.checkpoint = detail::checkpoint_to_load(config_, to_string(stage), options.ckpt_path, checkpoint_sources(),
                                                     is_global_zero(), weights.warnings);
     return weights;
@@ -560,7 +559,12 @@ class Trainer {
     const std::vector<int> ids = std::visit([](const auto& devices) { return A::parse_devices(devices); }, config_.devices);
     return ParallelDevices{A::get_parallel_devices(ids), config_.num_nodes, config_.max_restarts};
   }
-  void check_dtype_supported() {
+  /// Once per Trainer: a float16 or bfloat16 precision on a CPU without LibTorch's fast kernels for it.
+  void say_if_slow_on_this_cpu() {
+    if constexpr (A::device_type == c10::kCPU && requires { P::dtype; })
+      detail::say_slow_cpu_precision(P::name, P::dtype, is_global_zero(), slow_precision_said_);
+  }
+  void check_dtype_supported() {  // both optional members are declared (concepts/), so a wrong one is an error
     if constexpr (requires { P::dtype; A::supports_dtype(strategy_.root_device(), P::dtype); }) {
       if (!A::supports_dtype(strategy_.root_device(), P::dtype))
         detail::raise_dtype_unsupported(P::name, P::dtype, strategy_.root_device());

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <utility>
 
 namespace fulgur::cli {
 
@@ -33,6 +34,49 @@ std::string where_in_file(const std::string& file, const YAML::Node& node) {
   const YAML::Mark mark = node.Mark();
   if (mark.line < 0) return file;
   return file + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+/// Each key given twice in one mapping, anywhere in `node`, as (where, what). YAML parsers keep the
+/// last without a word (PyYAML, which Lightning's CLI reads with, and yaml-cpp alike), so the first is
+/// a setting its writer believes in and that never applies.
+void find_duplicate_keys(const YAML::Node& node, const std::string& file, const std::string& path,
+                         std::vector<std::pair<std::string, std::string>>& found) {
+  if (node.IsSequence()) {
+    for (std::size_t i = 0; i < node.size(); ++i)
+      find_duplicate_keys(node[i], file, path + "[" + std::to_string(i) + "]", found);
+    return;
+  }
+  if (!node.IsMap()) return;
+  std::vector<std::pair<std::string, YAML::Mark>> seen;
+  for (const auto& entry : node) {
+    if (!entry.first.IsScalar()) continue;
+    const std::string& key = entry.first.Scalar();
+    const std::string dotted = path.empty() ? key : path + "." + key;
+    const auto first = std::ranges::find(seen, key, &std::pair<std::string, YAML::Mark>::first);
+    if (first != seen.end())
+      found.emplace_back(where_in_file(file, entry.first),
+                         dotted + " is given twice in this mapping (first at line " +
+                             std::to_string(first->second.line + 1) + "); keep one: YAML would keep only the last");
+    else
+      seen.emplace_back(key, entry.first.Mark());
+    find_duplicate_keys(entry.second, file, dotted, found);
+  }
+}
+
+/// A hint for a syntax error in text indented with tabs, which YAML refuses and yaml-cpp reports as
+/// something else ("illegal map value"): the last line up to the error's whose indentation has a tab.
+std::string tab_indent_hint(std::string_view text, int error_line) {
+  int line = 0, tabbed = -1;
+  for (std::size_t start = 0; start <= text.size() && line <= error_line; ++line) {
+    const std::size_t end = std::min(text.find('\n', start), text.size());
+    const std::string_view row = text.substr(start, end - start);
+    const std::size_t content = row.find_first_not_of(" \t");
+    if (row.substr(0, content == std::string_view::npos ? row.size() : content).find('\t') != std::string_view::npos)
+      tabbed = line;
+    start = end + 1;
+  }
+  if (tabbed < 0) return "";
+  return " (line " + std::to_string(tabbed + 1) + " is indented with a tab: YAML indents with spaces only)";
 }
 
 /// Where `text` stops being UTF-8 (the only encoding fulgur reads YAML in), or npos.
@@ -202,10 +246,14 @@ void Config::apply(const Source& source) {
       file.reset(YAML::Load(content));
     } catch (const YAML::ParserException& e) {
       problem(name + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1),
-              "YAML syntax error: " + e.msg);
+              "YAML syntax error: " + e.msg + tab_indent_hint(content, e.mark.line));
       return;
     }
     if (is_null(file)) return;  // an empty file
+    std::vector<std::pair<std::string, std::string>> duplicates;
+    find_duplicate_keys(file, name, "", duplicates);
+    for (const auto& [where, what] : duplicates) problem(where, what);
+    if (!duplicates.empty()) return;
     if (!file.IsMap()) {
       problem(where_in_file(name, file), "a config file is a mapping of keys (trainer:, model:, ...), got " +
                                              describe_given(file));

@@ -282,6 +282,28 @@ TEST_CASE("cli: a YAML syntax error names the file, line and column", "[cli]") {
   const std::string problem = problem_of({{cli::Source::Kind::file, "", file}});
   CHECK_THAT(problem, Catch::StartsWith(file + ":4:1: YAML syntax error"));
   CHECK_THAT(problem_of({{cli::Source::Kind::file, "", "/nonexistent/x.yaml"}}), Catch::Contains("no such file"));
+  // A tab in the indentation, which yaml-cpp reports as "illegal map value": the line is named.
+  const auto tabbed = write_file("tabbed.yaml", "trainer:\n\tmax_epochs: 3\n");
+  CHECK_THAT(problem_of({{cli::Source::Kind::file, "", tabbed}}),
+             Catch::StartsWith(tabbed + ":2:12: YAML syntax error: ") &&
+                 Catch::EndsWith("(line 2 is indented with a tab: YAML indents with spaces only)"));
+  CHECK_THAT(problem, !Catch::Contains("tab"));
+}
+
+TEST_CASE("cli: a key given twice in a config file is named with both lines, not silently the last", "[cli]") {
+  const auto file = write_file("twice.yaml", "trainer:\n  max_epochs: 3\n  lr: 0.1\n  max_epochs: 5\n");
+  CHECK(problem_of({{cli::Source::Kind::file, "", file}}) ==
+        file + ":4:3: trainer.max_epochs is given twice in this mapping (first at line 2); keep one: YAML would "
+               "keep only the last");
+  const auto top = write_file("twice_top.yaml", "trainer:\n  lr: 0.1\ntrainer:\n  max_epochs: 2\n");
+  CHECK_THAT(problem_of({{cli::Source::Kind::file, "", top}}),
+             Catch::StartsWith(top + ":3:1: trainer is given twice in this mapping (first at line 1)"));
+  const auto listed = write_file("twice_listed.yaml",
+                                 "trainer:\n  callbacks:\n  - class_path: lightning.pytorch.callbacks.EarlyStopping\n"
+                                 "    init_args:\n      monitor: val_loss\n      patience: 5\n      monitor: val_acc\n");
+  CHECK_THAT(problem_of({{cli::Source::Kind::file, "", listed}}),
+             Catch::StartsWith(listed + ":7:7: trainer.callbacks[0].init_args.monitor is given twice in this "
+                                        "mapping (first at line 5)"));
 }
 
 TEST_CASE("cli: classes by name or class_path, appended, with init_args checked", "[cli]") {

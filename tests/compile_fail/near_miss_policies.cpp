@@ -62,6 +62,20 @@ struct Precision : fulgur::FloatPrecision {
 };
 using Accelerator = fulgur::CPUAccelerator;
 using Strategy = fulgur::SingleDeviceStrategy;
+#elif defined(FULGUR_RULE_OPTIONAL_ACCELERATOR)
+// An accelerator that asks the device about a precision's dtype by the precision's name: the
+// Trainer's check (a bfloat16 run on a GPU without bfloat16) would never have been made.
+struct Accelerator : fulgur::accelerator_defaults<Accelerator> {
+  static constexpr std::string_view name = "host";
+  static constexpr c10::DeviceType device_type = c10::kCPU;
+#ifdef FULGUR_COMPILE_FAIL
+  static bool supports_dtype(const c10::Device&, std::string_view precision) { return precision != "bf16-mixed"; }
+#else
+  static bool supports_dtype(const c10::Device&, c10::ScalarType dtype) { return dtype != c10::kBFloat16; }
+#endif
+};
+using Strategy = fulgur::SingleDeviceStrategy;
+using Precision = fulgur::BF16MixedPrecision;
 #else
 #error "define one FULGUR_RULE_*"
 #endif

@@ -221,10 +221,26 @@ struct UnscalesInOptimizerReturnsVoid : Precision {
 struct ConvertsTargetsAsFunction : Precision {
   bool converts_targets() { return true; }
 };
+struct DtypeAsNumber : Precision {
+  static constexpr int dtype = 5;  // c10::kHalf's value, not its type
+};
+struct DtypeNotConstant : Precision {
+  static inline ScalarType dtype = ScalarType::f16;
+};
 struct AllOptionalPrecisionMembers : Precision {
   static constexpr bool uses_scaler = true;
   static constexpr bool converts_targets = false;
+  static constexpr ScalarType dtype = ScalarType::f16;
   bool unscales_in_optimizer(Optimizer&) { return false; }
+};
+struct SupportsDtypeNotStatic : Accelerator {
+  bool supports_dtype(const Device&, ScalarType) const { return true; }
+};
+struct SupportsDtypeOfName : Accelerator {
+  static bool supports_dtype(const Device&, std::string_view) { return true; }
+};
+struct AllOptionalAcceleratorMembers : Accelerator {
+  static bool supports_dtype(const Device&, ScalarType) { return true; }
 };
 }  // namespace optional_members
 
@@ -254,6 +270,16 @@ TEST_CASE("optional members: absent or right is the contract, a wrong signature 
                  precision_requirement::precision_optional_unscales_in_optimizer);
   STATIC_REQUIRE(fulgur::detail::first_missing_precision_requirement<ConvertsTargetsAsFunction, V>() ==
                  precision_requirement::precision_optional_converts_targets);
+  STATIC_REQUIRE(fulgur::detail::first_missing_precision_requirement<DtypeAsNumber, V>() ==
+                 precision_requirement::precision_optional_dtype);
+  STATIC_REQUIRE(fulgur::detail::first_missing_precision_requirement<DtypeNotConstant, V>() ==
+                 precision_requirement::precision_optional_dtype);
+  using fulgur::detail::accelerator_requirement;
+  STATIC_REQUIRE(fulgur::accelerator_for<AllOptionalAcceleratorMembers, V>);
+  STATIC_REQUIRE(fulgur::detail::first_missing_accelerator_requirement<SupportsDtypeNotStatic, V>() ==
+                 accelerator_requirement::accelerator_optional_supports_dtype);
+  STATIC_REQUIRE(fulgur::detail::first_missing_accelerator_requirement<SupportsDtypeOfName, V>() ==
+                 accelerator_requirement::accelerator_optional_supports_dtype);
 }
 
 TEST_CASE("strategy: the stub satisfies the contract, each near miss does not", "[concepts][strategy]") {

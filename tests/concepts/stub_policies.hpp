@@ -14,6 +14,7 @@ namespace stub {
 struct Tensor {};
 struct Device {};
 enum class DeviceType { cpu, cuda };
+enum class ScalarType { f32, f16 };
 struct Module {};
 struct Optimizer {};
 struct StateDict {};
@@ -25,6 +26,7 @@ struct Vocabulary {
   using tensor = Tensor;
   using device = Device;
   using device_type = DeviceType;
+  using scalar_type = ScalarType;
   using module = Module;
   using optimizer = Optimizer;
   using state_dict = StateDict;

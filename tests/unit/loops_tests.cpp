@@ -55,6 +55,13 @@ TEST_CASE("config: a value that cannot work names the field and the fix when the
   CHECK(test::message_of<MisconfigurationError>([] {
           Trainer<CPUAccelerator, DDPStrategy, FloatPrecision> trainer(test::quiet({.num_nodes = 0}));
         }) == "TrainerConfig::num_nodes must be >= 1, got 0.");
+  // Several at once: all named in one error, in TrainerConfig's order (a config with three mistakes is one run).
+  CHECK(refused({.max_epochs = -3, .max_steps = -5, .val_check_interval = 0, .log_every_n_steps = 0}) ==
+        "TrainerConfig has 4 problems:\n"
+        "  TrainerConfig::max_epochs must be >= -1 (-1: no limit), got -3.\n"
+        "  TrainerConfig::max_steps must be >= -1 (-1: no limit), got -5.\n"
+        "  TrainerConfig::val_check_interval as a number of training batches must be >= 1, got 0.\n"
+        "  TrainerConfig::log_every_n_steps must be >= 1, got 0.");
 }
 
 TEST_CASE("config: devices = -1 is all devices on every accelerator, preemption.exit_code 0 is refused (probe)",

@@ -1,6 +1,5 @@
 // Precision policies: names, dtype flow, conversions, contexts, autocast against Python.
 #include <ATen/autocast_mode.h>
-#include <cstdio>
 #include <catch2/catch.hpp>
 
 #include "unit/support.hpp"
@@ -292,19 +291,18 @@ TEST_CASE("16-true with Adam's default eps: the NaN error names the cause", "[pr
   CHECK_THAT(message, Catch::Contains("eps(1e-4)") && Catch::Contains("'16-true'"));
 }
 
+namespace {
+/// A precision of the user's own, under a name of its own: what it computes in is its declared dtype.
+struct HouseBF16Precision : BF16MixedPrecision {
+  static constexpr std::string_view name = "house-bf16";
+};
+}  // namespace
+
 TEST_CASE("reduced precision on a CPU without LibTorch's fast kernels is said once per Trainer", "[precision][cpu]") {
   // LibTorch's own verdict on this CPU, from the venv's torch: oneDNN's bfloat16 kernels, or its reference loops.
-  std::string verdict;
-  {
-    const std::string command = std::string(FULGUR_TEST_PYTHON) +
-                                " -c 'import platform, torch; print(platform.machine(), "
-                                "torch.ops.mkldnn._is_mkldnn_bf16_supported())'";
-    std::FILE* pipe = ::popen(command.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    char buffer[256];
-    while (const std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) verdict.append(buffer, n);
-    REQUIRE(::pclose(pipe) == 0);
-  }
+  const std::string verdict = test::run_command(std::string(FULGUR_TEST_PYTHON) +
+                                               " -c 'import platform, torch; print(platform.machine(), "
+                                               "torch.ops.mkldnn._is_mkldnn_bf16_supported())'");
   INFO("Python: " << verdict);
   const bool fast = CPUAccelerator::has_fast_reduced_precision();
   if (verdict.starts_with("x86_64")) CHECK(fast == (verdict.find("True") != std::string::npos));
@@ -334,4 +332,12 @@ TEST_CASE("reduced precision on a CPU without LibTorch's fast kernels is said on
   const auto [fp32, fp32_text] = said_by(Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision>(
       test::quiet({.max_epochs = 1})));
   CHECK(fp32 == 0);
+  const auto [house, house_text] = said_by(Trainer<CPUAccelerator, SingleDeviceStrategy, HouseBF16Precision>(
+      test::quiet({.max_epochs = 1})));
+  INFO(house_text);
+  CHECK(house == (fast ? 0 : 1));
+  if (!fast) CHECK_THAT(house_text, Catch::Contains("fulgur: house-bf16 on this CPU will be slow"));
+  const auto [fp64, fp64_text] = said_by(Trainer<CPUAccelerator, SingleDeviceStrategy, DoublePrecision>(
+      test::quiet({.max_epochs = 1})));
+  CHECK(fp64 == 0);
 }

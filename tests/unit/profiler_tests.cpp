@@ -5,7 +5,6 @@
 #include <fulgur/profilers/report_file.hpp>
 #include <torch/torch.h>
 
-#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -17,18 +16,8 @@ using namespace fulgur;
 
 namespace {
 
-std::string run_command(const std::string& command) {
-  std::string out;
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  while (const std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
-  REQUIRE(::pclose(pipe) == 0);
-  return out;
-}
-
 std::string python(const std::string& arguments) {
-  return run_command(std::string(FULGUR_TEST_PYTHON) + " " + FULGUR_SOURCE_DIR + "/tests/profilers/lightning_profile.py " +
+  return test::run_command(std::string(FULGUR_TEST_PYTHON) + " " + FULGUR_SOURCE_DIR + "/tests/profilers/lightning_profile.py " +
                      arguments);
 }
 

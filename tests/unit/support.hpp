@@ -2,6 +2,7 @@
 // Shared by the unit tests: golden-value files, a small classifier module, data, comparisons.
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -102,6 +103,17 @@ using CPU = fulgur::CPUAccelerator;
 using Single = fulgur::SingleDeviceStrategy;
 template <class P, class... Callbacks>
 using CpuTrainer = fulgur::Trainer<CPU, Single, P, Callbacks...>;
+
+/// What a shell command prints on its standard output; throws if it cannot start or exits non-zero.
+inline std::string run_command(const std::string& command) {
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("cannot run: " + command);
+  std::string out;
+  char buffer[4096];
+  while (const std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
+  if (::pclose(pipe) != 0) throw std::runtime_error("failed (" + command + "), having printed: " + out);
+  return out;
+}
 
 /// A fresh, empty directory under the build's test folder (removed first if a run left one).
 inline std::string temporary_directory(const std::string& name) {

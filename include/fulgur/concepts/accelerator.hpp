@@ -55,19 +55,41 @@ concept accelerator_has_teardown = requires(A& a) { a.teardown(); };
   R(accelerator_has_teardown, "void teardown()")
 // clang-format on
 
+// ---- optional members: absent, or what fulgur calls them as ----------------------------------------
+namespace detail::accelerator_members {
+FULGUR_DETAIL_MEMBER_PROBE(supports_dtype)
+}  // namespace detail::accelerator_members
+
+/// Whether a device computes in a precision's dtype (the Trainer's constructor asks, docs/concepts/accelerator.md).
+template <class A, class V>
+concept accelerator_optional_supports_dtype =
+    !detail::accelerator_members::has_member_supports_dtype<A>() ||
+    requires(const typename V::device& device, typename V::scalar_type dtype) {
+      { A::supports_dtype(device, dtype) } -> std::same_as<bool>;
+    };
+
+// clang-format off
+#define FULGUR_ACCELERATOR_OPTIONAL_MEMBERS(R)                                                               \
+  R(accelerator_optional_supports_dtype, "static bool supports_dtype(const c10::Device&, c10::ScalarType)")
+// clang-format on
+
 template <class T, class V>
-concept accelerator_for = true FULGUR_ACCELERATOR_REQUIREMENTS(FULGUR_DETAIL_ALL_OF);
+concept accelerator_for =
+    true FULGUR_ACCELERATOR_REQUIREMENTS(FULGUR_DETAIL_ALL_OF) FULGUR_ACCELERATOR_OPTIONAL_MEMBERS(FULGUR_DETAIL_ALL_OF);
 
 /// An accelerator policy over LibTorch's types.
 template <class A>
 concept accelerator = accelerator_for<A, torch_vocabulary>;
 
 namespace detail {
-enum class accelerator_requirement { FULGUR_ACCELERATOR_REQUIREMENTS(FULGUR_DETAIL_ENUMERATE) none };
+enum class accelerator_requirement {
+  FULGUR_ACCELERATOR_REQUIREMENTS(FULGUR_DETAIL_ENUMERATE) FULGUR_ACCELERATOR_OPTIONAL_MEMBERS(FULGUR_DETAIL_ENUMERATE) none
+};
 template <class T, class V>
 consteval accelerator_requirement first_missing_accelerator_requirement() {
   using Missing = accelerator_requirement;
-  FULGUR_ACCELERATOR_REQUIREMENTS(FULGUR_DETAIL_FIRST_MISSING) return Missing::none;
+  FULGUR_ACCELERATOR_REQUIREMENTS(FULGUR_DETAIL_FIRST_MISSING)
+  FULGUR_ACCELERATOR_OPTIONAL_MEMBERS(FULGUR_DETAIL_FIRST_MISSING) return Missing::none;
 }
 }  // namespace detail
 
@@ -80,6 +102,11 @@ consteval bool assert_accelerator() {
 #define FULGUR_DETAIL_REMEDY \
   "`; write it, or derive from fulgur::accelerator_defaults<YourAccelerator> (docs/concepts/accelerator.md)."
   FULGUR_ACCELERATOR_REQUIREMENTS(FULGUR_DETAIL_REQUIRE)
+#undef FULGUR_DETAIL_LACKS
+#undef FULGUR_DETAIL_REMEDY
+#define FULGUR_DETAIL_LACKS "fulgur: the accelerator (Trainer's first argument) has a member named after the optional `"
+#define FULGUR_DETAIL_REMEDY "`, but it cannot be called so; fix its signature (or rename it: fulgur would never call it)."
+  FULGUR_ACCELERATOR_OPTIONAL_MEMBERS(FULGUR_DETAIL_REQUIRE)
 #undef FULGUR_DETAIL_LACKS
 #undef FULGUR_DETAIL_REMEDY
   return true;  // the one error is the static_assert above; a `false` here would add a second

@@ -87,6 +87,7 @@ FULGUR_DETAIL_MEMBER_PROBE(uses_scaler)
 FULGUR_DETAIL_MEMBER_PROBE(converts_targets)
 FULGUR_DETAIL_MEMBER_PROBE(unscales_in_optimizer)
 FULGUR_DETAIL_MEMBER_PROBE(supports_accelerator)
+FULGUR_DETAIL_MEMBER_PROBE(dtype)
 }  // namespace detail::precision_members
 
 /// It scales the loss: gradients are scaled until unscaled, and a step may be skipped.
@@ -112,13 +113,21 @@ concept precision_optional_supports_accelerator =
     !detail::precision_members::has_member_supports_accelerator<P>() || requires(std::string_view name) {
       { P::supports_accelerator(name) } -> std::convertible_to<bool>;
     };
+/// The dtype its matrix products compute in: the accelerator's supports_dtype checks it, and a CPU
+/// without fast float16/bfloat16 kernels is said to be slow for it.
+template <class P, class V>
+concept precision_optional_dtype = !detail::precision_members::has_member_dtype<P>() || requires {
+  { P::dtype } -> std::convertible_to<typename V::scalar_type>;
+  typename std::integral_constant<typename V::scalar_type, P::dtype>;  // a constant: read at compile time
+};
 
 // clang-format off
 #define FULGUR_PRECISION_OPTIONAL_MEMBERS(R)                                                                  \
   R(precision_optional_uses_scaler, "static constexpr bool uses_scaler")                                      \
   R(precision_optional_converts_targets, "static constexpr bool converts_targets")                            \
   R(precision_optional_unscales_in_optimizer, "bool unscales_in_optimizer(torch::optim::Optimizer&)")          \
-  R(precision_optional_supports_accelerator, "static constexpr bool supports_accelerator(std::string_view)")
+  R(precision_optional_supports_accelerator, "static constexpr bool supports_accelerator(std::string_view)")   \
+  R(precision_optional_dtype, "static constexpr c10::ScalarType dtype")
 // clang-format on
 
 template <class T, class V>

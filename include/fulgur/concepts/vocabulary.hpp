@@ -11,6 +11,7 @@
 namespace at { class Tensor; }
 namespace c10 {
 enum class DeviceType : std::int8_t;
+enum class ScalarType : std::int8_t;
 struct Device;
 }  // namespace c10
 namespace torch::nn { class Module; }
@@ -29,6 +30,7 @@ struct torch_vocabulary {
   using tensor = at::Tensor;
   using device = c10::Device;
   using device_type = c10::DeviceType;
+  using scalar_type = c10::ScalarType;  ///< a precision's compute dtype
   using module = torch::nn::Module;
   using optimizer = torch::optim::Optimizer;
   using state_dict = StateDict;

@@ -42,10 +42,10 @@ struct CheckpointSources {
 std::string checkpoint_to_load(const TrainerConfig& config, std::string_view verb, const std::string& ckpt_path,
                                const CheckpointSources& sources, bool global_zero, std::vector<std::string>& warnings);
 
-/// A "16-" or "bf16-" precision on a CPU without LibTorch's fast reduced-precision kernels
-/// (CPUAccelerator::has_fast_reduced_precision): said on stderr on global rank 0, unless `said`
-/// (which it sets: once per Trainer).
-void say_slow_cpu_precision(std::string_view precision, bool global_zero, bool& said);
+/// A precision computing in float16 or bfloat16 (its declared `dtype`) on a CPU without LibTorch's fast
+/// reduced-precision kernels (CPUAccelerator::has_fast_reduced_precision): said on stderr on global rank
+/// 0, unless `said` (which it sets: once per Trainer).
+void say_slow_cpu_precision(std::string_view precision, c10::ScalarType dtype, bool global_zero, bool& said);
 
 /// The process ends after a preemption checkpoint (TrainerConfig::preemption.exit_process), its
 /// output flushed, with the code a scheduler reads as "try again".
