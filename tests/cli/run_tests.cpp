@@ -213,6 +213,12 @@ TEST_CASE("cli run: the run-time choice's errors", "[cli]") {
              Catch::Contains("single_device takes no init_args"));
   // A config the Trainer refuses is refused before anything runs.
   CHECK_THAT(with({"--trainer.accumulate_grad_batches=0"}), Catch::Contains("accumulate_grad_batches"));
+  // Several such values at once: one run names them all, in the config's keys.
+  CHECK_THAT(with({"--trainer.accumulate_grad_batches=0", "--trainer.log_every_n_steps=0"}),
+             Catch::Contains("the Trainer refuses this config: the trainer section has 2 problems:\n"
+                             "  trainer.accumulate_grad_batches must be >= 1, got 0.\n"
+                             "  trainer.log_every_n_steps must be >= 1, got 0.") &&
+                 !Catch::Contains("TrainerConfig"));
   // Two callbacks whose states would overwrite each other in a checkpoint (Lightning refuses them too).
   CHECK_THAT(with({"--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=val_loss",
                    "--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=val_loss"}),

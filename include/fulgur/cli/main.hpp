@@ -52,6 +52,7 @@ inline std::optional<std::uint64_t> settle_seed(Config& config) {
 /// A Trainer's message in the config's terms: TrainerConfig::max_epochs is trainer.max_epochs, std::nullopt null.
 inline std::string as_config_keys(std::string text) {
   for (const auto& [from, to] : {std::pair<std::string_view, std::string_view>{"TrainerConfig::", "trainer."},
+                                 {"TrainerConfig has", "the trainer section has"},
                                  {"std::nullopt", "null"}})
     for (std::size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, from.size(), to);
   return text;
