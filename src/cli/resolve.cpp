@@ -13,6 +13,8 @@
 #include <iterator>
 #include <utility>
 
+#include "fulgur/detail/files.hpp"
+
 namespace fulgur::cli {
 
 namespace {
@@ -540,5 +542,19 @@ std::vector<std::string> dotted_keys(const Schema& schema, const std::string& pr
   return keys;
 }
 
+
+void check_ckpt_path(const YAML::Node& ckpt_path, const std::string& default_root_dir) {
+  if (is_null(ckpt_path) || !ckpt_path.IsScalar()) return;
+  const std::string& path = ckpt_path.Scalar();
+  if (path.empty() || path == "last" || path == "best" || path == "hpc" || fulgur::detail::path_exists(path)) return;
+  std::string looked = fulgur::detail::absolute_path(path);
+  if (path.front() != '/' && default_root_dir != ".") {
+    const std::string under = default_root_dir + "/" + path;  // detail::resolve_path's rule
+    if (fulgur::detail::path_exists(under)) return;
+    looked += " and " + fulgur::detail::absolute_path(under);
+  }
+  throw ConfigError({"ckpt_path=" + path + ": no such checkpoint (looked at " + looked +
+                     "); give an existing checkpoint file, or last, best or hpc"});
+}
 
 }  // namespace fulgur::cli

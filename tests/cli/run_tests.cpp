@@ -213,6 +213,11 @@ TEST_CASE("cli run: the run-time choice's errors", "[cli]") {
              Catch::Contains("single_device takes no init_args"));
   // A config the Trainer refuses is refused before anything runs.
   CHECK_THAT(with({"--trainer.accumulate_grad_batches=0"}), Catch::Contains("accumulate_grad_batches"));
+  // A checkpoint path that names nothing: said before the module, the data or the Trainer is built.
+  CHECK_THAT(with({"--ckpt_path=no_such_dir/epoch=3.ckpt"}),
+             Catch::Contains("ckpt_path=no_such_dir/epoch=3.ckpt: no such checkpoint (looked at /") &&
+                 Catch::Contains("/no_such_dir/epoch=3.ckpt and " + fulgur::detail::absolute_path(dir)) &&
+                 Catch::Contains("give an existing checkpoint file, or last, best or hpc"));
   // Several such values at once: one run names them all, in the config's keys.
   CHECK_THAT(with({"--trainer.accumulate_grad_batches=0", "--trainer.log_every_n_steps=0"}),
              Catch::Contains("the Trainer refuses this config: the trainer section has 2 problems:\n"

@@ -76,6 +76,11 @@ YAML::Node defaults_of(const Schema& schema);
 /// The resolved config as YAML text: block style, keys in schema order, strings quoted where a reader
 /// would take them for something else. Feeding it back with --config gives the same config.
 std::string to_yaml_text(const YAML::Node& tree);
+
+/// A ckpt_path that names a file (not "last", "best" or "hpc") where there is none, neither as given
+/// nor under default_root_dir, as the Trainer would look: a ConfigError before anything is built, where
+/// the Trainer would find it only after the data's preparation (Lightning's order), which may take minutes.
+void check_ckpt_path(const YAML::Node& ckpt_path, const std::string& default_root_dir);
 /// `prog SUBCOMMAND --help`: every key with its type, default and doc, grouped as the schema is. The
 /// defaults shown are `resolved`'s where it has the key (the program's own defaults and the --config
 /// files given), else the fields'.
