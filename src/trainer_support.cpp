@@ -118,7 +118,10 @@ std::string checkpoint_to_load(const TrainerConfig& config, std::string_view ver
                            : ckpt_path == "best" ? best_checkpoint(verb, sources.best_model_paths, warnings)
                                                  : preemption_checkpoint(config, verb, ckpt_path, global_zero);
   if (path.empty()) return path;
-  const std::string resolved = absolute_path(resolve_path(config, path));
+  // Relative: from the working directory when there is one there (Lightning opens it so, and a callback's
+  // relative dirpath is from there too), else under default_root_dir (where save_checkpoint puts one).
+  const bool as_given = path.front() != '/' && path_exists(path);
+  const std::string resolved = absolute_path(as_given ? path : resolve_path(config, path));
   // Lightning's "Restoring states from the checkpoint path at ..." (a preemption checkpoint said so already);
   // validate/test/predict load the weights only.
   if (global_zero && (named || path == ckpt_path))

@@ -56,8 +56,8 @@ void OnExceptionCheckpoint::on_exception(TrainerView& trainer, const std::except
     trainer.warn("fulgur: OnExceptionCheckpoint wrote '" + path + "', the last completed optimizer step: " + step +
                  ". Resume with FitOptions{.ckpt_path = \"" + path + "\"} once the cause is fixed." +
                  (non_finite ? " Its weights are those the step with the non-finite loss left (to debug it: they may "
-                               "hold NaN or inf); the last checkpoint ModelCheckpoint wrote (its last_model_path or "
-                               "best_model_path) holds weights from before it."
+                               "hold NaN or inf). Weights from before it are in a checkpoint a ModelCheckpoint wrote "
+                               "earlier (its last_model_path or best_model_path), if it wrote one."
                              : ""));
     return;
   }

@@ -1,6 +1,7 @@
 // fulgur::cli's command line and scalars: the arguments read into an ordered list of sources, YAML
 // scalars read as the values' types take them, and the closest name to a typo.
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -143,23 +144,35 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const std::
 
 // ---- names ---------------------------------------------------------------------------------------
 
-std::string closest(std::string_view given, const std::vector<std::string>& candidates) {
+std::string closest(std::string_view given_as_written, const std::vector<std::string>& candidates) {
+  // Compared without case: MAX_EPOCHS means max_epochs, earlystopping EarlyStopping.
+  const auto lowered = [](std::string_view text) {
+    std::string out(text);
+    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+  };
+  const std::string given = lowered(given_as_written);
+  std::vector<std::string> lowered_candidates;
+  lowered_candidates.reserve(candidates.size());
+  for (const auto& c : candidates) lowered_candidates.push_back(lowered(c));
   // A key given without its section ("max_epochs" for "trainer.max_epochs").
-  for (const auto& c : candidates)
-    if (c.size() > given.size() && c.ends_with(given) && c[c.size() - given.size() - 1] == '.') return c;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const std::string& c = lowered_candidates[i];
+    if (c.size() > given.size() && c.ends_with(given) && c[c.size() - given.size() - 1] == '.') return candidates[i];
+  }
   // A key cut short ("find_unused" for "find_unused_parameters"), when only one candidate starts so.
-  std::string prefixed;
-  for (const auto& c : candidates)
-    if (given.size() >= 4 && c.starts_with(given)) prefixed = prefixed.empty() ? c : "\n";
-  if (!prefixed.empty() && prefixed != "\n") return prefixed;
-  std::string best;
+  std::size_t prefixed = candidates.size(), starting = 0;
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    if (given.size() >= 4 && lowered_candidates[i].starts_with(given)) prefixed = i, ++starting;
+  if (starting == 1) return candidates[prefixed];
+  std::size_t best = candidates.size();
   std::size_t best_distance = std::string::npos;
-  for (const auto& c : candidates) {
-    const std::size_t d = fulgur::detail::edit_distance(given, c);
-    if (d < best_distance) best_distance = d, best = c;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const std::size_t d = fulgur::detail::edit_distance(given, lowered_candidates[i]);
+    if (d < best_distance) best_distance = d, best = i;
   }
   const std::size_t allowed = std::max<std::size_t>(1, std::min<std::size_t>(3, given.size() / 4));
-  return best_distance <= allowed ? best : "";
+  return best_distance <= allowed ? candidates[best] : "";
 }
 
 }  // namespace fulgur::cli

@@ -245,7 +245,14 @@ void Config::apply(const Source& source) {
       return;
     }
     try {
-      file.reset(YAML::Load(content));
+      // A second document ("---") would be dropped by YAML::Load without a word; PyYAML refuses it.
+      const std::vector<YAML::Node> documents = YAML::LoadAll(content);
+      if (documents.size() > 1) {
+        problem(where_in_file(name, documents[1]), "a second YAML document ('---') in one config file; fulgur reads "
+                                                   "one: merge them, or give each with its own --config");
+        return;
+      }
+      if (!documents.empty()) file.reset(documents.front());
     } catch (const YAML::ParserException& e) {
       problem(name + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1),
               "YAML syntax error: " + e.msg + tab_indent_hint(content, e.mark.line));
@@ -254,8 +261,7 @@ void Config::apply(const Source& source) {
     if (is_null(file)) return;  // an empty file
     std::vector<std::pair<std::string, std::string>> duplicates;
     find_duplicate_keys(file, name, "", duplicates);
-    for (const auto& [where, what] : duplicates) problem(where, what);
-    if (!duplicates.empty()) return;
+    for (const auto& [where, what] : duplicates) problem(where, what);  // and the file's other problems with them
     if (!file.IsMap()) {
       problem(where_in_file(name, file), "a config file is a mapping of keys (trainer:, model:, ...), got " +
                                              describe_given(file));

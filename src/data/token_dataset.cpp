@@ -3,8 +3,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string_view>
 #include <utility>
 
 #include "fulgur/errors.hpp"
@@ -18,6 +20,15 @@ constexpr std::int32_t kLlmcMagic = 20240520;
 constexpr std::int64_t kLlmcHeaderBytes = 256 * sizeof(std::int32_t);
 
 const char* name_of(TokenDtype dtype) { return dtype == TokenDtype::uint16 ? "uint16" : "uint32"; }
+/// NumPy's .npy magic, a version it writes (1.0, 2.0, 3.0) and a header that opens a dict: by chance in
+/// a token stream about never.
+bool is_npy(const void* data, std::size_t size) {
+  const std::string_view bytes(static_cast<const char*>(data), size);
+  if (bytes.size() < 13 || !bytes.starts_with("\x93NUMPY") || bytes[7] != '\0') return false;
+  if (bytes[6] < '\x01' || bytes[6] > '\x03') return false;
+  return bytes[bytes[6] == '\x01' ? 10 : 12] == '{';  // version 1: a 2-byte header length; 2 and 3: 4 bytes
+}
+
 std::int64_t bytes_of(TokenDtype dtype) { return dtype == TokenDtype::uint16 ? 2 : 4; }
 
 /// Fills rows of `input` and `target` (each `context` int64s per window) from the windows at
@@ -53,6 +64,10 @@ TokenDataset::TokenDataset(std::string path, TokenDatasetOptions options)
   const auto file_size = static_cast<std::int64_t>(file_->size());
   std::int32_t header[3] = {};
   if (file_size >= static_cast<std::int64_t>(sizeof header)) std::memcpy(header, file_->data(), sizeof header);
+  if (is_npy(file_->data(), file_->size()))
+    throw DataError("TokenDataset: " + path_ + " is a NumPy .npy file (np.save), whose header would be read as tokens: "
+                    "write the tokens raw (tokens.astype(np.uint16).tofile(path)), or read the file with "
+                    "fulgur::data::NpyArray.");
   if (header[0] == kLlmcMagic) {
     if (file_size < kLlmcHeaderBytes)
       throw DataError("TokenDataset: " + path_ + " starts with llm.c's magic 20240520 but has only " +

@@ -259,6 +259,9 @@ TEST_CASE("cli: an unknown key names itself and the closest valid key", "[cli]")
         "--trainer.max_epoch=3: unknown key 'trainer.max_epoch'; did you mean trainer.max_epochs?");
   CHECK_THAT(problem_of({set("max_epochs", "3")}), Catch::Contains("did you mean trainer.max_epochs?"));
   CHECK_THAT(problem_of({set("trainer.inner.cod", "3")}), Catch::Contains("did you mean trainer.inner.code?"));
+  // Case aside (the probe: MAX_EPOCHS had no guess where max_epoch had one).
+  CHECK_THAT(problem_of({set("trainer.MAX_EPOCHS", "3")}), Catch::Contains("did you mean trainer.max_epochs?"));
+  CHECK_THAT(problem_of({set("MAX_EPOCHS", "3")}), Catch::Contains("did you mean trainer.max_epochs?"));
   const auto file = write_file("typo.yaml", "trainer:\n  lr: 0.1\n  max_step: 10\n");
   CHECK(problem_of({{cli::Source::Kind::file, "", file}}) ==
         file + ":3:3: unknown key 'trainer.max_step'; did you mean trainer.max_steps?");
@@ -304,6 +307,27 @@ TEST_CASE("cli: a key given twice in a config file is named with both lines, not
   CHECK_THAT(problem_of({{cli::Source::Kind::file, "", listed}}),
              Catch::StartsWith(listed + ":7:7: trainer.callbacks[0].init_args.monitor is given twice in this "
                                         "mapping (first at line 5)"));
+  // Reported with the file's other problems, not instead of them (the probe).
+  const auto several = write_file("twice_and_more.yaml", "trainer:\n  max_epochs: 3\n  max_epochs: 4\n  lr: fast\n");
+  const cli::Schema schema = test_schema();
+  cli::Config config(schema);
+  config.apply({cli::Source::Kind::file, "", several});
+  REQUIRE(config.problems().size() == 2);
+  CHECK_THAT(config.problems()[0], Catch::Contains("trainer.max_epochs is given twice"));
+  CHECK_THAT(config.problems()[1], Catch::Contains("trainer.lr: expected float, got 'fast'"));
+}
+
+TEST_CASE("cli: a config file with a second YAML document is refused, not read in part (probe)", "[cli]") {
+  const auto file = write_file("two_documents.yaml", "trainer:\n  max_epochs: 1\n---\ntrainer:\n  max_epochs: 5\n");
+  CHECK(problem_of({{cli::Source::Kind::file, "", file}}) ==
+        file + ":4:1: a second YAML document ('---') in one config file; fulgur reads one: merge them, or give each "
+               "with its own --config");
+  // A document marker before the only document is one document.
+  const auto marked = write_file("marked.yaml", "---\ntrainer:\n  max_epochs: 2\n");
+  const cli::Schema schema = test_schema();
+  cli::Config config(schema);
+  config.apply({cli::Source::Kind::file, "", marked});
+  CHECK(config.problems().empty());
 }
 
 TEST_CASE("cli: classes by name or class_path, appended, with init_args checked", "[cli]") {

@@ -230,6 +230,50 @@ TEST_CASE("cli run: the run-time choice's errors", "[cli]") {
              Catch::Contains("two stateful callbacks have the state key EarlyStopping{'monitor': 'val_loss'"));
 }
 
+TEST_CASE("cli run: a LibTorch error from the module's constructor or the fit is one line, no C++ stack (probe)",
+          "[cli]") {
+  const std::string dir = test::scratch_folder("cli_torch_errors");
+  const auto main_with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base("fit", dir);
+    args.insert(args.begin(), "tiny");
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& arg : args) argv.push_back(arg.data());
+    std::ostringstream captured;
+    std::streambuf* const original = std::cerr.rdbuf(captured.rdbuf());
+    const int code = cli::main<Tiny, TinyData>(static_cast<int>(argv.size()), argv.data(), compiled);
+    std::cerr.rdbuf(original);
+    return std::pair{code, captured.str()};
+  };
+  const auto [code, text] = main_with({"--model.hidden=-4"});
+  CHECK(code == 1);
+  CHECK_THAT(text, Catch::StartsWith("tiny: the module's constructor failed on the config's model keys (--print_config "
+                                     "shows them): Trying to create tensor with negative dimension -4") &&
+                       !Catch::Contains("frame #"));
+  const auto [nan_code, nan_text] = main_with({"--model.lr=.nan"});  // SGD refuses it in configure_optimizers
+  CHECK(nan_code == 1);
+  CHECK_THAT(nan_text, Catch::Contains("Invalid learning rate: nan") && !Catch::Contains("frame #"));
+}
+
+TEST_CASE("cli run: runs sharing a folder keep each one's config, and say where this one's went (probe)", "[cli]") {
+  const std::string dir = test::scratch_folder("cli_config_versions");
+  const auto fit = [&](const std::string& steps) {
+    auto args = base("fit", dir);
+    args.insert(args.end(), {"--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.max_steps=" + steps});
+    std::ostringstream captured;
+    std::streambuf* const original = std::cerr.rdbuf(captured.rdbuf());
+    run(args);
+    std::cerr.rdbuf(original);
+    return captured.str();
+  };
+  CHECK_THAT(fit("2"), !Catch::Contains("holds another run's config"));
+  CHECK_THAT(fit("2"), !Catch::Contains("holds another run's config"));  // the same config: left alone
+  CHECK_THAT(fit("3"), Catch::Contains("fulgur::cli: " + dir + "/config.yaml holds another run's config; this run's is " +
+                                       dir + "/config-v1.yaml"));
+  CHECK_THAT(read(dir + "/config.yaml"), Catch::Contains("max_steps: 2"));
+  CHECK_THAT(read(dir + "/config-v1.yaml"), Catch::Contains("max_steps: 3"));
+}
+
 TEST_CASE("cli run: an incompatible combination gives the compile-time rule's sentence", "[cli]") {
   constexpr auto nccl = fulgur::compatible_trainers(
       fulgur::shipped_accelerators, hana::tuple_t<SingleDeviceStrategy, fulgur::BasicDDPStrategy<fulgur::backend::NCCL>>,

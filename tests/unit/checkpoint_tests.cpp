@@ -225,6 +225,11 @@ TEST_CASE("relative default_root_dir: preemption, \"hpc\", ModelCheckpoint and \
   CHECK(fit_with({.dirpath = folder + "/elsewhere"}, false, "last", 4) == 4);
   CHECK(fit_with({.dirpath = "relative_to_cwd"}, false, "", 2) == 2);
   CHECK(fulgur::detail::path_exists(folder + "/relative_to_cwd/last.ckpt"));  // Lightning: from the current directory
+  // A relative ckpt_path opens the file where the callback's relative dirpath wrote it, from the current directory,
+  // as Lightning does (the probe: it was looked for under runs/b/relative_to_cwd); one that is there only under
+  // default_root_dir is still found there.
+  CHECK(fit_with({.dirpath = "relative_to_cwd"}, false, "relative_to_cwd/last.ckpt", 3) == 3);
+  CHECK(fit_with({}, false, "checkpoints/last.ckpt", 4) == 4);
   CHECK(fit_with({}, true, "", 2) == 2);
   CHECK(fulgur::detail::path_exists(folder + "/runs/b/lightning_logs/version_0/checkpoints/last.ckpt"));
   CHECK(fit_with({}, true, "last", 5) == 5);

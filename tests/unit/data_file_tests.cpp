@@ -395,6 +395,11 @@ TEST_CASE("data files: TokenDataset refuses what it cannot read and says why", "
   CHECK_THAT(token_error("llmc_count"),
              Contains("header saying 18 uint16 tokens (36 bytes") && Contains("the file has 34 bytes after it"));
   CHECK_THAT(token_error("llmc_cut"), Contains("fewer than llm.c's 1024-byte header"));
+  // A NumPy file (np.save rather than tofile): its header is not tokens (the probe found it read as such).
+  for (const char* npy : {"u16.npy", "hand.npy", "v2.npy"})
+    CHECK_THAT(test::message_of<DataError>([&] { TokenDataset tokens(file(npy), {.context = 2}); }),
+               Contains("TokenDataset: " + file(npy) + " is a NumPy .npy file (np.save)") &&
+                   Contains("tofile(path)), or read the file with fulgur::data::NpyArray"));
   const TokenDataset dataset(file("exact17.bin"), {.context = 8});
   for (const std::int64_t index : {std::int64_t{2}, std::int64_t{-1}})
     CHECK_THAT(test::message_of<DataError>([&] { (void)dataset.get(index); }),

@@ -139,10 +139,28 @@ std::pair<std::vector<std::string>, std::vector<std::pair<std::string, std::stri
   return {available, lacking};
 }
 
+/// An exception's text without LibTorch's C++ stack, which tells someone who gave a bad value nothing.
+inline std::string text_of(const std::exception& e) {
+  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&e)) return torch_error->what_without_backtrace();
+  return e.what();
+}
+
+/// The module made from the config's model keys; its constructor's failure said to be that.
+template <class Module>
+Module make_module(const YAML::Node& keys) {
+  using ModelConfig = typename config_type_of<Module>::type;
+  ModelConfig config = read_as<ModelConfig>(keys, "model");  // a wrong type: the config error, as it is
+  try {
+    return make_with<Module>(std::move(config));
+  } catch (const std::exception& e) {
+    throw std::runtime_error("the module's constructor failed on the config's model keys (--print_config shows "
+                             "them): " + text_of(e));
+  }
+}
+
 template <class Module, class Data, class Trainer>
 Outcome run_subcommand(Trainer& trainer, const CommandLine& command, const YAML::Node& tree, Outcome outcome) {
-  using ModelConfig = typename config_type_of<Module>::type;
-  Module module = make_with<Module>(read_as<ModelConfig>(tree["model"], "model"));
+  Module module = make_module<Module>(tree["model"]);
   auto& impl = fulgur::detail::referent(module);
   std::string ckpt_path = is_null(tree["ckpt_path"]) ? std::string() : tree["ckpt_path"].Scalar();
   // A path as the shell gives it (relative to the working directory) when it names a file there; else as
@@ -334,7 +352,7 @@ int main(int argc, char** argv, Trainers trainers = shipped_trainers, Classes cl
     return 2;
   } catch (const std::exception& e) {
     std::cerr << (args.empty() ? std::string("fulgur") : args.front().substr(args.front().rfind('/') + 1)) << ": "
-              << e.what() << "\n";
+              << detail::text_of(e) << "\n";
     return 1;
   }
 }

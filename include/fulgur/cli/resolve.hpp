@@ -49,6 +49,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const std::
 class Config {
  public:
   explicit Config(const Schema& root);
+  explicit Config(const Schema&& root) = delete;  // it keeps the schema by reference: a temporary would dangle
   /// PREFIX_TRAINER__MAX_EPOCHS=10 for every value key outside class slots (jsonargparse's names).
   void read_environment(const std::string& prefix);
   void apply(const Source& source);
