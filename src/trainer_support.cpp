@@ -120,8 +120,19 @@ std::string checkpoint_to_load(const TrainerConfig& config, std::string_view ver
   if (path.empty()) return path;
   // Relative: from the working directory when there is one there (Lightning opens it so, and a callback's
   // relative dirpath is from there too), else under default_root_dir (where save_checkpoint puts one).
-  const bool as_given = path.front() != '/' && path_exists(path);
-  const std::string resolved = absolute_path(as_given ? path : resolve_path(config, path));
+  const bool relative = path.front() != '/';
+  const std::string under_root = absolute_path(resolve_path(config, path));
+  const bool as_given = relative && path_exists(path);
+  const std::string resolved = as_given ? absolute_path(path) : under_root;
+  if (relative && under_root != resolved && as_given && path_exists(under_root))
+    warnings.push_back("fulgur: " + std::string(verb) + "(ckpt_path = \"" + path + "\") names two files: " + resolved +
+                       " (from the current directory, which is loaded) and " + under_root +
+                       " (under TrainerConfig::default_root_dir); give an absolute path to load the other.");
+  if (relative && !as_given && !path_exists(under_root))
+    throw CheckpointError("fulgur: " + std::string(verb) + "(ckpt_path = \"" + path + "\"): no such checkpoint: looked at " +
+                          absolute_path(path) + " (from the current directory) and " + under_root +
+                          " (under TrainerConfig::default_root_dir). Check the path, or give \"last\", \"best\" or "
+                          "\"hpc\".");
   // Lightning's "Restoring states from the checkpoint path at ..." (a preemption checkpoint said so already);
   // validate/test/predict load the weights only.
   if (global_zero && (named || path == ckpt_path))

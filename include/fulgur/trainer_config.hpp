@@ -130,9 +130,9 @@ struct FitOptions {
   /// A checkpoint to continue from exactly where it was taken (Trainer::save_checkpoint,
   /// ModelCheckpoint): weights, optimizers, schedulers, loss scale, loop position, callbacks, random
   /// state. "last": the newest last*.ckpt of the ModelCheckpoint callbacks' folders (or
-  /// default_root_dir/checkpoints), else a warning and a fresh start, as in Lightning. A relative
-  /// path is under default_root_dir. "best": the best checkpoint of the first ModelCheckpoint of an
-  /// earlier fit with this Trainer. "hpc": the newest hpc_ckpt_{n}.ckpt in default_root_dir.
+  /// default_root_dir/checkpoints), else a warning and a fresh start, as in Lightning. A relative path:
+  /// from the current directory, else under default_root_dir. "best": the best checkpoint of the first
+  /// ModelCheckpoint of an earlier fit with this Trainer. "hpc": the newest hpc_ckpt_{n}.ckpt there.
   std::string ckpt_path{};
 };
 
@@ -143,7 +143,7 @@ struct EvaluationOptions {
   /// set it up, after the module's on_load_checkpoint hook: "best" — the best checkpoint of this
   /// Trainer's first ModelCheckpoint (of an earlier fit with this Trainer; an error if it saved none);
   /// "last" — as fit finds it (none: a warning and the module's own weights, as in Lightning); "hpc"
-  /// — as fit; a path — relative ones under default_root_dir.
+  /// — as fit; a path — relative ones as fit takes them.
   std::string ckpt_path{};
 };
 

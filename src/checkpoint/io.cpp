@@ -271,8 +271,7 @@ StateDict load(const std::string& path, const LoadOptions& options) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     throw CheckpointError("fulgur: cannot open checkpoint '" + path + "': " + std::strerror(errno) +
-                          ". Check the path (a relative one is looked for from the current directory, then under "
-                          "TrainerConfig::default_root_dir).");
+                          ". Check the path.");
   struct stat info {};
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     const bool folder = S_ISDIR(info.st_mode);

@@ -11,7 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
+#include <sstream>
 #include <utility>
+
+#include <yaml-cpp/eventhandler.h>
 
 #include "fulgur/detail/files.hpp"
 
@@ -38,31 +42,58 @@ std::string where_in_file(const std::string& file, const YAML::Node& node) {
   return file + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
 }
 
-/// Each key given twice in one mapping, anywhere in `node`, as (where, what). YAML parsers keep the
-/// last without a word (PyYAML, which Lightning's CLI reads with, and yaml-cpp alike), so the first is
-/// a setting its writer believes in and that never applies.
+/// Each key given twice in one mapping, anywhere in `node`, as (where, what). PyYAML (which Lightning's
+/// CLI reads with) keeps the last without a word, and so does fulgur's reading, which applies the entries
+/// in order: the first is a setting its writer believes in and that never applies. A node reached again
+/// through an alias (&a ... *a) is read once: an alias may point back into itself or fan out.
 void find_duplicate_keys(const YAML::Node& node, const std::string& file, const std::string& path,
-                         std::vector<std::pair<std::string, std::string>>& found) {
+                         std::vector<std::pair<std::string, std::string>>& found, std::vector<YAML::Node>& seen_nodes) {
+  if (!node.IsSequence() && !node.IsMap()) return;
+  if (std::ranges::any_of(seen_nodes, [&](const YAML::Node& seen) { return seen.is(node); })) return;
+  seen_nodes.push_back(node);
   if (node.IsSequence()) {
     for (std::size_t i = 0; i < node.size(); ++i)
-      find_duplicate_keys(node[i], file, path + "[" + std::to_string(i) + "]", found);
+      find_duplicate_keys(node[i], file, path + "[" + std::to_string(i) + "]", found, seen_nodes);
     return;
   }
-  if (!node.IsMap()) return;
-  std::vector<std::pair<std::string, YAML::Mark>> seen;
+  std::vector<std::pair<std::string, YAML::Mark>> keys;
   for (const auto& entry : node) {
     if (!entry.first.IsScalar()) continue;
     const std::string& key = entry.first.Scalar();
     const std::string dotted = path.empty() ? key : path + "." + key;
-    const auto first = std::ranges::find(seen, key, &std::pair<std::string, YAML::Mark>::first);
-    if (first != seen.end())
+    const auto first = std::ranges::find(keys, key, &std::pair<std::string, YAML::Mark>::first);
+    if (first != keys.end())
       found.emplace_back(where_in_file(file, entry.first),
                          dotted + " is given twice in this mapping (first at line " +
                              std::to_string(first->second.line + 1) + "); keep one: YAML would keep only the last");
     else
-      seen.emplace_back(key, entry.first.Mark());
-    find_duplicate_keys(entry.second, file, dotted, found);
+      keys.emplace_back(key, entry.first.Mark());
+    find_duplicate_keys(entry.second, file, dotted, found, seen_nodes);
   }
+}
+
+/// Where a YAML text's second document starts, if it has one. Not YAML::LoadAll: yaml-cpp 0.7 returns
+/// endless documents at one place for some malformed text (fuzz.cli found it), so a document counts
+/// only where it starts after the first, and no more than two are read.
+std::optional<YAML::Mark> second_document(const std::string& text) {
+  struct DocumentStarts : YAML::EventHandler {
+    YAML::Mark start;
+    void OnDocumentStart(const YAML::Mark& mark) override { start = mark; }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+  };
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts first, second;
+  if (!parser.HandleNextDocument(first) || !parser.HandleNextDocument(second)) return std::nullopt;
+  if (second.start.pos <= first.start.pos) return std::nullopt;
+  return second.start;
 }
 
 /// A hint for a syntax error in text indented with tabs, which YAML refuses and yaml-cpp reports as
@@ -72,9 +103,8 @@ std::string tab_indent_hint(std::string_view text, int error_line) {
   for (std::size_t start = 0; start <= text.size() && line <= error_line; ++line) {
     const std::size_t end = std::min(text.find('\n', start), text.size());
     const std::string_view row = text.substr(start, end - start);
-    const std::size_t content = row.find_first_not_of(" \t");
-    if (row.substr(0, content == std::string_view::npos ? row.size() : content).find('\t') != std::string_view::npos)
-      tabbed = line;
+    const std::size_t content = row.find_first_not_of(" \t");  // a blank line's tabs are no indentation
+    if (content != std::string_view::npos && row.substr(0, content).find('\t') != std::string_view::npos) tabbed = line;
     start = end + 1;
   }
   if (tabbed < 0) return "";
@@ -245,14 +275,14 @@ void Config::apply(const Source& source) {
       return;
     }
     try {
+      file.reset(YAML::Load(content));
       // A second document ("---") would be dropped by YAML::Load without a word; PyYAML refuses it.
-      const std::vector<YAML::Node> documents = YAML::LoadAll(content);
-      if (documents.size() > 1) {
-        problem(where_in_file(name, documents[1]), "a second YAML document ('---') in one config file; fulgur reads "
-                                                   "one: merge them, or give each with its own --config");
+      if (const std::optional<YAML::Mark> second = second_document(content)) {
+        problem(name + ":" + std::to_string(second->line + 1) + ":" + std::to_string(second->column + 1),
+                "a second YAML document ('---') in one config file; fulgur reads one: merge them, or give each with "
+                "its own --config");
         return;
       }
-      if (!documents.empty()) file.reset(documents.front());
     } catch (const YAML::ParserException& e) {
       problem(name + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1),
               "YAML syntax error: " + e.msg + tab_indent_hint(content, e.mark.line));
@@ -260,7 +290,8 @@ void Config::apply(const Source& source) {
     }
     if (is_null(file)) return;  // an empty file
     std::vector<std::pair<std::string, std::string>> duplicates;
-    find_duplicate_keys(file, name, "", duplicates);
+    std::vector<YAML::Node> seen_nodes;
+    find_duplicate_keys(file, name, "", duplicates, seen_nodes);
     for (const auto& [where, what] : duplicates) problem(where, what);  // and the file's other problems with them
     if (!file.IsMap()) {
       problem(where_in_file(name, file), "a config file is a mapping of keys (trainer:, model:, ...), got " +
@@ -554,7 +585,7 @@ void check_ckpt_path(const YAML::Node& ckpt_path, const std::string& default_roo
   const std::string& path = ckpt_path.Scalar();
   if (path.empty() || path == "last" || path == "best" || path == "hpc" || fulgur::detail::path_exists(path)) return;
   std::string looked = fulgur::detail::absolute_path(path);
-  if (path.front() != '/' && default_root_dir != ".") {
+  if (path.front() != '/' && default_root_dir != "." && !default_root_dir.empty()) {  // "": the Trainer refuses it
     const std::string under = default_root_dir + "/" + path;  // detail::resolve_path's rule
     if (fulgur::detail::path_exists(under)) return;
     looked += " and " + fulgur::detail::absolute_path(under);

@@ -307,6 +307,14 @@ TEST_CASE("cli: a key given twice in a config file is named with both lines, not
   CHECK_THAT(problem_of({{cli::Source::Kind::file, "", listed}}),
              Catch::StartsWith(listed + ":7:7: trainer.callbacks[0].init_args.monitor is given twice in this "
                                         "mapping (first at line 5)"));
+  // An alias that points back into itself, or one node reached twice: read once (no endless scan, no second report).
+  const auto looped = write_file("alias_loop.yaml", "loop: &a [*a]\n");
+  CHECK_THAT(problem_of({{cli::Source::Kind::file, "", looped}}), Catch::Contains("unknown key 'loop'"));
+  const auto shared = write_file("alias_shared.yaml", "x: &a {k: 1, k: 2}\ny: *a\n");
+  const cli::Schema aliased_schema = test_schema();
+  cli::Config aliased(aliased_schema);
+  aliased.apply({cli::Source::Kind::file, "", shared});
+  CHECK(std::ranges::count_if(aliased.problems(), [](const std::string& p) { return p.find("given twice") != std::string::npos; }) == 1);
   // Reported with the file's other problems, not instead of them (the probe).
   const auto several = write_file("twice_and_more.yaml", "trainer:\n  max_epochs: 3\n  max_epochs: 4\n  lr: fast\n");
   const cli::Schema schema = test_schema();
@@ -320,11 +328,16 @@ TEST_CASE("cli: a key given twice in a config file is named with both lines, not
 TEST_CASE("cli: a config file with a second YAML document is refused, not read in part (probe)", "[cli]") {
   const auto file = write_file("two_documents.yaml", "trainer:\n  max_epochs: 1\n---\ntrainer:\n  max_epochs: 5\n");
   CHECK(problem_of({{cli::Source::Kind::file, "", file}}) ==
-        file + ":4:1: a second YAML document ('---') in one config file; fulgur reads one: merge them, or give each "
+        file + ":3:1: a second YAML document ('---') in one config file; fulgur reads one: merge them, or give each "
                "with its own --config");
+  // Text on which yaml-cpp's LoadAll never ends (it yields document after document at one place; fuzz.cli).
+  const auto endless = write_file("endless_documents.yaml", ",rgs\n-he--help\n");
+  const cli::Schema schema = test_schema();
+  cli::Config endless_config(schema);
+  endless_config.apply({cli::Source::Kind::file, "", endless});  // ends, and finds no second document
+  for (const std::string& problem : endless_config.problems()) CHECK_THAT(problem, !Catch::Contains("second YAML"));
   // A document marker before the only document is one document.
   const auto marked = write_file("marked.yaml", "---\ntrainer:\n  max_epochs: 2\n");
-  const cli::Schema schema = test_schema();
   cli::Config config(schema);
   config.apply({cli::Source::Kind::file, "", marked});
   CHECK(config.problems().empty());

@@ -228,8 +228,30 @@ TEST_CASE("relative default_root_dir: preemption, \"hpc\", ModelCheckpoint and \
   // A relative ckpt_path opens the file where the callback's relative dirpath wrote it, from the current directory,
   // as Lightning does (the probe: it was looked for under runs/b/relative_to_cwd); one that is there only under
   // default_root_dir is still found there.
-  CHECK(fit_with({.dirpath = "relative_to_cwd"}, false, "relative_to_cwd/last.ckpt", 3) == 3);
-  CHECK(fit_with({}, false, "checkpoints/last.ckpt", 4) == 4);
+  const auto said_while = [](auto&& run) {
+    std::ostringstream captured;
+    std::streambuf* const original = std::cerr.rdbuf(captured.rdbuf());
+    run();
+    std::cerr.rdbuf(original);
+    return captured.str();
+  };
+  CHECK_THAT(said_while([&] { CHECK(fit_with({.dirpath = "relative_to_cwd"}, false, "relative_to_cwd/last.ckpt", 3) == 3); }),
+             Catch::Contains("restoring states from the checkpoint path at " + folder + "/relative_to_cwd/last.ckpt"));
+  CHECK_THAT(said_while([&] { CHECK(fit_with({}, false, "checkpoints/last.ckpt", 4) == 4); }),
+             Catch::Contains("restoring states from the checkpoint path at " + folder + "/runs/b/checkpoints/last.ckpt"));
+  // In both places: the current directory's, said with the other's name; in neither: both named.
+  fulgur::detail::make_directories(folder + "/checkpoints");
+  std::ofstream(folder + "/checkpoints/last.ckpt", std::ios::binary)
+      << std::ifstream(folder + "/runs/b/checkpoints/last.ckpt", std::ios::binary).rdbuf();
+  const std::string both = said_while([&] { CHECK(fit_with({}, false, "checkpoints/last.ckpt", 5) == 5); });
+  CHECK_THAT(both, Catch::Contains("restoring states from the checkpoint path at " + folder + "/checkpoints/last.ckpt") &&
+                       Catch::Contains("fit(ckpt_path = \"checkpoints/last.ckpt\") names two files: " + folder +
+                                       "/checkpoints/last.ckpt (from the current directory, which is loaded) and " +
+                                       folder + "/runs/b/checkpoints/last.ckpt"));
+  CHECK_THAT(test::message_of<CheckpointError>([&] { fit_with({}, false, "nowhere/last.ckpt", 5); }),
+             Catch::Contains("fit(ckpt_path = \"nowhere/last.ckpt\"): no such checkpoint: looked at " + folder +
+                             "/nowhere/last.ckpt (from the current directory) and " + folder +
+                             "/runs/b/nowhere/last.ckpt (under TrainerConfig::default_root_dir)"));
   CHECK(fit_with({}, true, "", 2) == 2);
   CHECK(fulgur::detail::path_exists(folder + "/runs/b/lightning_logs/version_0/checkpoints/last.ckpt"));
   CHECK(fit_with({}, true, "last", 5) == 5);

@@ -152,6 +152,8 @@ Module make_module(const YAML::Node& keys) {
   ModelConfig config = read_as<ModelConfig>(keys, "model");  // a wrong type: the config error, as it is
   try {
     return make_with<Module>(std::move(config));
+  } catch (const MisconfigurationError&) {
+    throw;  // the module refusing its own keys is a config error (exit 2), in its own words
   } catch (const std::exception& e) {
     throw std::runtime_error("the module's constructor failed on the config's model keys (--print_config shows "
                              "them): " + text_of(e));

@@ -41,13 +41,14 @@ class SaveConfig {
       std::ifstream in(path);
       std::stringstream old;
       old << in.rdbuf();
-      if (old.str() == yaml_) return;
+      if (old.str() == yaml_) return;  // this config, kept already (a resumed run)
       path = dir + "/config-v" + std::to_string(version) + ".yaml";
     }
     fulgur::detail::atomic_write(path, yaml_, "the resolved config");
     if (path != dir + "/config.yaml")  // said: runs sharing a folder leave config-v1, -v2, ... beside each other
       std::cerr << "fulgur::cli: " << dir << "/config.yaml holds another run's config; this run's is " << path
-                << " (with a logger each run has a version folder of its own)" << std::endl;
+                << (trainer.has_loggers() ? "" : " (with a logger each run has a version folder of its own)")
+                << std::endl;
   }
   Hyperparameters hyperparameters() const { return enabled_ ? flat_ : Hyperparameters{}; }
   /// hyper_parameters: the model's keys (as Lightning's save_hyperparameters stores its init args) and
