@@ -18,6 +18,7 @@
 #include <yaml-cpp/eventhandler.h>
 
 #include "fulgur/detail/files.hpp"
+#include "fulgur/detail/trainer_support.hpp"
 
 namespace fulgur::cli {
 
@@ -580,15 +581,15 @@ std::vector<std::string> dotted_keys(const Schema& schema, const std::string& pr
 }
 
 
-void check_ckpt_path(const YAML::Node& ckpt_path, const std::string& default_root_dir) {
+void check_ckpt_path(const YAML::Node& ckpt_path, const TrainerConfig& trainer) {
   if (is_null(ckpt_path) || !ckpt_path.IsScalar()) return;
   const std::string& path = ckpt_path.Scalar();
   if (path.empty() || path == "last" || path == "best" || path == "hpc" || fulgur::detail::path_exists(path)) return;
   std::string looked = fulgur::detail::absolute_path(path);
-  if (path.front() != '/' && default_root_dir != "." && !default_root_dir.empty()) {  // "": the Trainer refuses it
-    const std::string under = default_root_dir + "/" + path;  // detail::resolve_path's rule
+  if (path.front() != '/' && !trainer.default_root_dir.empty()) {  // "": the Trainer refuses it
+    const std::string under = fulgur::detail::resolve_path(trainer, path);  // where fit looks next
     if (fulgur::detail::path_exists(under)) return;
-    looked += " and " + fulgur::detail::absolute_path(under);
+    if (under != path) looked += " and " + fulgur::detail::absolute_path(under);
   }
   throw ConfigError({"ckpt_path=" + path + ": no such checkpoint (looked at " + looked +
                      "); give an existing checkpoint file, or last, best or hpc"});

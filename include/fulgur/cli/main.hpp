@@ -331,7 +331,7 @@ Outcome run(const std::vector<std::string>& args, Trainers trainers = shipped_tr
   const YAML::Node& tree = config.tree();
   TrainerConfig trainer_config = read_as<TrainerConfig>(tree["trainer"], "trainer");
   trainer_config.seed = seed;
-  check_ckpt_path(tree["ckpt_path"], trainer_config.default_root_dir);
+  check_ckpt_path(tree["ckpt_path"], trainer_config);
   const YAML::Node trainer = tree["trainer"];
   return dispatch(
       trainer["accelerator"].Scalar(), trainer["strategy"]["class_path"].Scalar(), trainer["precision"].Scalar(),

@@ -13,6 +13,10 @@
 #include "fulgur/errors.hpp"
 #include "fulgur/loggers/hyperparameters.hpp"
 
+namespace fulgur {
+struct TrainerConfig;  // fulgur/trainer_config.hpp
+}  // namespace fulgur
+
 namespace fulgur::cli {
 
 /// A command line or config that cannot run: every problem found, one per line.
@@ -81,7 +85,7 @@ std::string to_yaml_text(const YAML::Node& tree);
 /// A ckpt_path that names a file (not "last", "best" or "hpc") where there is none, neither as given
 /// nor under default_root_dir, as the Trainer would look: a ConfigError before anything is built, where
 /// the Trainer would find it only after the data's preparation (Lightning's order), which may take minutes.
-void check_ckpt_path(const YAML::Node& ckpt_path, const std::string& default_root_dir);
+void check_ckpt_path(const YAML::Node& ckpt_path, const TrainerConfig& trainer);
 /// `prog SUBCOMMAND --help`: every key with its type, default and doc, grouped as the schema is. The
 /// defaults shown are `resolved`'s where it has the key (the program's own defaults and the --config
 /// files given), else the fields'.
