@@ -14,6 +14,7 @@
 #include "fulgur/accelerators/cuda.hpp"
 #include "fulgur/accelerators/defaults.hpp"
 #include "fulgur/accelerators/device_parsing.hpp"
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur::detail {
@@ -52,13 +53,17 @@ std::string upper(std::string_view name) {
 
 std::vector<int> sanitize_ids(std::vector<int> ids, int available, std::string_view name) {
   const std::string kind = upper(name);
-  if (ids.empty()) throw AcceleratorError(kind + "s requested but none are available.");
+  const std::string use_the_cpu = "train on the CPU (" +
+                                  spelled("fulgur::CPUAccelerator", "--trainer.accelerator=cpu") +
+                                  "), or run on a machine with one.";
+  if (ids.empty()) throw AcceleratorError(kind + "s requested but none are available: " + use_the_cpu);
   if (std::set<int>(ids.begin(), ids.end()).size() != ids.size())
     throw MisconfigurationError("Device ID's (" + kind + ") must be unique.");
   for (int id : ids)
     if (id < 0 || id >= available)
       throw AcceleratorError("You requested " + (name == "cuda" ? std::string("gpu") : std::string(name)) + ": " +
-                             list_text(ids) + "\n But your machine only has: " + list_text(all_ids(available)));
+                             list_text(ids) + "\n But your machine only has: " + list_text(all_ids(available)) +
+                             (available > 0 ? std::string() : "\n There is no " + kind + " here: " + use_the_cpu));
   return ids;
 }
 

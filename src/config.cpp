@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "fulgur/detail/describe.hpp"
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/trainer.hpp"
 
@@ -19,7 +20,7 @@ std::string text(const BatchAmount& amount) {
 class Refusals {
  public:
   void refuse(const std::string& field, const std::string& rule, const std::string& got) {
-    lines_.push_back("TrainerConfig::" + field + " " + rule + ", got " + got + ".");
+    lines_.push_back(trainer_setting(field) + " " + rule + ", got " + got + ".");
   }
   void at_least(const char* field, std::int64_t value, std::int64_t minimum, const char* meaning = "") {
     if (value < minimum)
@@ -34,7 +35,7 @@ class Refusals {
   void raise_if_any() const {
     if (lines_.empty()) return;
     if (lines_.size() == 1) throw MisconfigurationError(lines_.front());
-    std::string message = "TrainerConfig has " + std::to_string(lines_.size()) + " problems:";
+    std::string message = trainer_settings_name() + " has " + std::to_string(lines_.size()) + " problems:";
     for (const auto& line : lines_) message += "\n  " + line;
     throw MisconfigurationError(message);
   }

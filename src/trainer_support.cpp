@@ -15,6 +15,7 @@
 #include "fulgur/detail/describe.hpp"
 #include "fulgur/detail/elastic_resume.hpp"
 #include "fulgur/detail/files.hpp"
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/preemption.hpp"
 
@@ -41,9 +42,10 @@ std::string last_checkpoint(const TrainerConfig& config, std::string_view verb,
                        "checkpoint available (looked for last*.ckpt in " + folders.front() + " and the checkpoint "
                        "callbacks' folders). No checkpoint will be loaded" +
                        (verb == "fit" ? std::string(".") : ": " + std::string(verb) + " uses the module's own weights.") +
-                       " HINT: for fit to write one, give its ModelCheckpoint save_last = true "
-                       "(ModelCheckpointOptions{.save_last = true}; on a command line, "
-                       "--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.save_last=true), as Lightning hints.");
+                       " HINT: for fit to write one, give its ModelCheckpoint save_last = true (" +
+                       spelled("ModelCheckpointOptions{.save_last = true}",
+                               "--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.save_last=true") +
+                       "), as Lightning hints.");
   return newest;
 }
 
@@ -73,7 +75,8 @@ std::string preemption_checkpoint(const TrainerConfig& config, std::string_view 
   if (ckpt_path != "hpc" && !automatic) return ckpt_path;
   const std::string found = hpc_checkpoint(config.default_root_dir, /*next=*/false);
   if (found.empty() && !automatic)
-    throw CheckpointError("fulgur: `" + std::string(verb) + "(..., {.ckpt_path = \"hpc\"})` is set but no HPC "
+    throw CheckpointError("fulgur: `" + spelled(std::string(verb) + "(..., {.ckpt_path = \"hpc\"})", "--ckpt_path=hpc") +
+                          "` is set but no HPC "
                           "checkpoint was found (hpc_ckpt_{n}.ckpt in default_root_dir '" + config.default_root_dir +
                           "'). Pass the path of a checkpoint" +
                           (verb == "fit" ? ", or leave ckpt_path empty to start afresh." : "."));
@@ -127,11 +130,11 @@ std::string checkpoint_to_load(const TrainerConfig& config, std::string_view ver
   if (relative && under_root != resolved && as_given && path_exists(under_root))
     warnings.push_back("fulgur: " + std::string(verb) + "(ckpt_path = \"" + path + "\") names two files: " + resolved +
                        " (from the current directory, which is loaded) and " + under_root +
-                       " (under TrainerConfig::default_root_dir); give an absolute path to load the other.");
+                       " (under " + trainer_setting("default_root_dir") + "); give an absolute path to load the other.");
   if (relative && !as_given && !path_exists(under_root))
     throw CheckpointError("fulgur: " + std::string(verb) + "(ckpt_path = \"" + path + "\"): no such checkpoint: looked at " +
                           absolute_path(path) + " (from the current directory) and " + under_root +
-                          " (under TrainerConfig::default_root_dir). Check the path, or give \"last\", \"best\" or "
+                          " (under " + trainer_setting("default_root_dir") + "). Check the path, or give \"last\", \"best\" or "
                           "\"hpc\".");
   // Lightning's "Restoring states from the checkpoint path at ..." (a preemption checkpoint said so already);
   // validate/test/predict load the weights only.
@@ -202,7 +205,8 @@ void raise_accelerator_unavailable(std::string_view accelerator) {
   const std::string name(accelerator);
   throw AcceleratorError("`" + name + "` can not run on your system since the accelerator is not available. The "
                          "following accelerator(s) is available and can be passed into the Trainer: " +
-                         available_accelerators_text() + ". Pick one of them (e.g. fulgur::CPUAccelerator), or run on a "
+                         available_accelerators_text() + ". Pick one of them (e.g. " +
+                         spelled("fulgur::CPUAccelerator", "--trainer.accelerator=cpu") + "), or run on a "
                          "machine where '" + name + "' is available.");
 }
 
@@ -215,8 +219,9 @@ void raise_dtype_unsupported(std::string_view precision, c10::ScalarType dtype, 
 void raise_single_process_devices(std::string_view strategy, std::size_t devices, int num_nodes) {
   throw MisconfigurationError(std::string(strategy) + " runs in one process on exactly one device, but " +
                               std::to_string(devices) + " device(s) x " + std::to_string(num_nodes) +
-                              " node(s) were requested (TrainerConfig::devices, num_nodes); use devices = 1, or a "
-                              "distributed strategy such as fulgur::DDPStrategy for more.");
+                              " node(s) were requested (" + trainer_setting("devices") + ", " + trainer_setting("num_nodes") +
+                              "); use devices = 1, or a distributed strategy such as " +
+                              spelled("fulgur::DDPStrategy", "ddp (trainer.strategy)") + " for more.");
 }
 
 }  // namespace fulgur::detail

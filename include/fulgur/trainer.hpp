@@ -564,7 +564,7 @@ class Trainer {
     if constexpr (A::device_type == c10::kCPU && requires { P::dtype; })
       detail::say_slow_cpu_precision(P::name, P::dtype, is_global_zero(), slow_precision_said_);
   }
-  void check_dtype_supported() {  // both members are declared (concepts/): a wrong one is an error, unless final
+  void check_dtype_supported() {  // both members are declared (concepts/): a wrong one is an error
     if constexpr (requires { P::dtype; A::supports_dtype(strategy_.root_device(), P::dtype); }) {
       if (!A::supports_dtype(strategy_.root_device(), P::dtype))
         detail::raise_dtype_unsupported(P::name, P::dtype, strategy_.root_device());

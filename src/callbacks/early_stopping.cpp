@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "fulgur/detail/describe.hpp"
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur {
@@ -21,7 +22,9 @@ using detail::number_text;
 
 EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
   if (options_.monitor.empty())
-    throw MisconfigurationError("EarlyStopping needs a metric to monitor: EarlyStopping{{.monitor = \"val_loss\"}}.");
+    throw MisconfigurationError("EarlyStopping needs a metric to monitor: " +
+                                detail::spelled("EarlyStopping{{.monitor = \"val_loss\"}}",
+                                                "init_args: {monitor: val_loss}") + ".");
   if (options_.patience < 0)
     throw MisconfigurationError("EarlyStopping's patience must be >= 0, got " + std::to_string(options_.patience) + ".");
   // Lightning's sign convention: an improvement must exceed |min_delta| in the mode's direction.
@@ -59,6 +62,21 @@ void EarlyStopping::on_validation_end(TrainerView& trainer) {
 bool EarlyStopping::better(double current, double reference) const {
   return options_.mode == MonitorMode::min ? current < reference : current > reference;
 }
+
+namespace {
+
+/// "rank 1", "ranks 0, 3": the ranks whose check asked to stop (every rank takes part); empty: none did.
+std::string asking_ranks(TrainerView& trainer, bool asked) {
+  if (trainer.world_size() == 1) return asked ? "rank 0" : "";
+  const at::Tensor asked_on = trainer.all_gather(at::scalar_tensor(asked ? 1 : 0, at::kInt)).cpu().reshape({-1});
+  std::string ranks;
+  std::int64_t count = 0;
+  for (std::int64_t rank = 0; rank < asked_on.numel(); ++rank)
+    if (asked_on[rank].item<int>() != 0) ranks += (count++ == 0 ? "" : ", ") + std::to_string(rank);
+  return count == 0 ? "" : (count == 1 ? "rank " : "ranks ") + ranks;
+}
+
+}  // namespace
 
 void EarlyStopping::check(TrainerView& trainer) {
   const std::optional<double> value = trainer.metric(options_.monitor);
@@ -107,12 +125,15 @@ void EarlyStopping::check(TrainerView& trainer) {
     reason = "Monitored metric " + options_.monitor + " did not improve in the last " + std::to_string(wait_count_) +
              " records. Best score: " + fixed3(best_score_) + ". Signaling Trainer to stop.";
   }
+  // Lightning's reduce_boolean_decision(all=False): one rank that asks stops every rank. Gathered rather
+  // than reduced (once a check, not per step), so that a rank that did not ask can say which one did.
   const bool asked_here = stop;
-  stop = trainer.reduce_boolean_decision(stop, /*all=*/false);
+  const std::string asking = asking_ranks(trainer, stop);
+  stop = !asking.empty();
   if (stop) {
     stopped_epoch_ = trainer.current_epoch();
     if (!asked_here)  // this rank's own check found no reason: say why fit stops here all the same
-      reason = "Monitored metric " + options_.monitor + " asked to stop on another rank (one rank suffices)" +
+      reason = "Monitored metric " + options_.monitor + " asked to stop on " + asking + " (one rank suffices)" +
                (reason.empty() ? "" : "; on this rank: " + reason) + ". Signaling Trainer to stop.";
     reason_message_ = reason;
     trainer.request_stop("EarlyStopping: " + reason);

@@ -6,6 +6,7 @@
 #include <map>
 #include <typeinfo>
 
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur {
@@ -39,8 +40,10 @@ std::optional<double> weight_decay_of(torch::optim::OptimizerOptions& options) {
 
 void LearningRateMonitor::on_train_start(TrainerView& trainer) {
   if (!trainer.has_loggers())
-    throw MisconfigurationError("Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger: add one "
-                                "(fulgur::CSVLogger, fulgur::TensorBoardLogger) to the Trainer's arguments.");
+    throw MisconfigurationError("Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger: " +
+                                detail::spelled("add one (fulgur::CSVLogger, fulgur::TensorBoardLogger) to the "
+                                                "Trainer's arguments.",
+                                                "set trainer.logger (true, CSVLogger or TensorBoardLogger)."));
   names_.clear();
   std::map<std::string, int> seen;
   for (const OptimizerConfig& config : trainer.optimizers()) {

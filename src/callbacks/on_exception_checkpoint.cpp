@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "fulgur/detail/files.hpp"
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur {
@@ -54,7 +55,7 @@ void OnExceptionCheckpoint::on_exception(TrainerView& trainer, const std::except
     // same loss comes again.
     const bool non_finite = dynamic_cast<const NonFiniteLossError*>(&e) != nullptr;
     trainer.warn("fulgur: OnExceptionCheckpoint wrote '" + path + "', the last completed optimizer step: " + step +
-                 ". Resume with FitOptions{.ckpt_path = \"" + path + "\"} once the cause is fixed." +
+                 ". Resume with " + detail::resume_setting(path) + " once the cause is fixed." +
                  (non_finite ? " Its weights are those the step with the non-finite loss left (to debug it: they may "
                                "hold NaN or inf). Weights from before it are in a checkpoint a ModelCheckpoint wrote "
                                "earlier (its last_model_path or best_model_path), if it wrote one."

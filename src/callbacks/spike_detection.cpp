@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur {
@@ -49,7 +50,8 @@ SpikeDetection::SpikeDetection(SpikeDetectionOptions options) : options_(std::mo
                                 ".");
   if ((options_.atol && std::isnan(*options_.atol)) || (options_.rtol && std::isnan(*options_.rtol)))
     throw MisconfigurationError("SpikeDetection's atol and rtol must be numbers (NaN never compares, so no spike "
-                                "would ever be found); leave one unset (std::nullopt) to skip that test.");
+                                "would ever be found); leave one unset (" + detail::unset_value() +
+                                ") to skip that test.");
   sums_.assign(static_cast<std::size_t>(options_.window), 0.0f);
   weights_.assign(static_cast<std::size_t>(options_.window), 0.0f);
 }

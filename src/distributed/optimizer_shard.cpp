@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur::distributed {
@@ -166,7 +167,8 @@ OptimizerShard::OptimizerShard(ProcessGroup& group, torch::optim::Optimizer& opt
   if (!optimizer.state().empty() && !adagrad)
     throw MisconfigurationError("fulgur: ShardedStrategy: the optimizer already holds state (it stepped, or a state "
                                 "was loaded into it) before fit set it up; let fit create it in configure_optimizers, "
-                                "and resume with FitOptions::ckpt_path.");
+                                "and resume with " +
+                                fulgur::detail::spelled("FitOptions::ckpt_path", "--ckpt_path") + ".");
   optimizer.state().clear();
   lay_out(ShardPlan::of(optimizer, group.size(), layout), 0, adagrad, materialize_on);
 }

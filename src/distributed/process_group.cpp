@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/detail/loop_position.hpp"
 #include "fulgur/errors.hpp"
 #include "src/distributed/backends.hpp"
@@ -310,7 +311,10 @@ struct ProcessGroup::Impl {
     }
     if (!finished)
       fail(op, number, "no answer within the timeout of " + std::to_string(timeout.count()) +
-                           " ms (TrainerConfig::ddp.timeout sets it)");
+                           " ms (" +
+                           fulgur::detail::spelled("the strategy's timeout option: Trainer(config, {.timeout = ...})",
+                                                   "trainer.strategy.timeout") +
+                           " sets it)");
   }
   /// Starts collective number collectives + 1, named `op` (a string literal).
   template <class F>

@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 #include "gradient_hook.hpp"
 
@@ -233,7 +234,8 @@ void GradientReducer::finalize_backward() {
       throw DistributedError("fulgur: DDP: the parameter(s) " + names + " got no gradient in this backward on rank " +
                              std::to_string(s.group->rank()) +
                              ", so their all-reduce cannot complete. Make every parameter take part in the loss, or "
-                             "set DDPOptions::find_unused_parameters = true (Trainer(config, {.find_unused_parameters = true})).");
+                             "set " + fulgur::detail::strategy_setting("DDPOptions", "find_unused_parameters", "true") +
+                             ".");
     }
     if (s.options.find_unused_parameters) s.layout.used.copy_(at::tensor(used, at::TensorOptions().dtype(at::kInt)));
     s.launch_ready();

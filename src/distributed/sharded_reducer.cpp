@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 #include "gradient_hook.hpp"
 
@@ -231,10 +232,13 @@ void ShardedGradientReducer::finalize_backward() {
     throw DistributedError("fulgur: ShardedStrategy: the parameter(s) " + names + " got no gradient in this backward "
                            "on rank " + std::to_string(s.group->rank()) + ", so their reduce-scatter cannot complete. "
                            "Make every parameter take part in the loss, freeze the ones that do not "
-                           "(requires_grad_(false), as toggle_optimizer does), or set find_unused_parameters = true ("
-                           + std::string(s.buckets.front().owner->shards_parameters()
-                                             ? "FSDPOptions, ShardedStrategy<3>'s options"
-                                             : "DDPOptions, ShardedStrategy<1> and <2>'s options") + ").");
+                           "(requires_grad_(false), as toggle_optimizer does), or set " +
+                           fulgur::detail::spelled(
+                               s.buckets.front().owner->shards_parameters()
+                                   ? "find_unused_parameters = true (FSDPOptions, ShardedStrategy<3>'s options)"
+                                   : "find_unused_parameters = true (DDPOptions, ShardedStrategy<1> and <2>'s options)",
+                               "--trainer.strategy.find_unused_parameters=true") +
+                           ".");
   }
   try {
     for (std::size_t b = s.next_to_launch; b < s.buckets.size(); ++b) {

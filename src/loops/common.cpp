@@ -9,6 +9,7 @@
 #include <iostream>
 #include <typeinfo>
 
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/loops/optimization.hpp"
 #include "src/detail/error_text.hpp"
 #include "src/strategies/sharded/gradient_check.hpp"
@@ -80,10 +81,22 @@ bool stop_if_signalled(int world_size, c10::function_ref<bool(bool)> any_rank, c
   throw Preempted(signal, std::string("preempted by ") + (signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM") + " " + where());
 }
 
+std::string say_resumed_at_batch_limit(std::int64_t epoch, std::int64_t first_batch, std::int64_t limit,
+                                      bool global_zero) {
+  std::string text = "fulgur: the checkpoint continues epoch " + std::to_string(epoch) + " at batch " +
+                     std::to_string(first_batch) + ", but this run trains " + std::to_string(limit) +
+                     " batches an epoch (" + detail::trainer_setting("limit_train_batches") + "): epoch " +
+                     std::to_string(epoch) + " is over (its epoch-based schedulers step as at an epoch's end; the validation of its end "
+                     "does not run), and fit goes on with epoch " + std::to_string(epoch + 1) + ".";
+  if (global_zero) std::cerr << text << std::endl;
+  return text;
+}
+
 void raise_resume_past_data(std::int64_t epoch, std::int64_t first_batch, std::int64_t batches) {
   throw CheckpointError("fulgur: the checkpoint continues epoch " + std::to_string(epoch) + " at batch " +
                         std::to_string(first_batch) + ", but the training data has only " + std::to_string(batches) +
-                        " batches in it; resume with the data (and batch size) the checkpoint was trained on.");
+                        " batches in it (after " + detail::trainer_setting("limit_train_batches") +
+                        "); resume with the data, batch size and limit_train_batches the checkpoint was trained on.");
 }
 
 void raise_no_training_batches(std::int64_t epoch, const std::string& description) {
@@ -115,8 +128,11 @@ void raise_non_finite_loss(double value, const StepContext& ctx, std::int64_t st
                                 "float16) divides by zero: give it eps(1e-4), or train with SGD, 'bf16-true' or "
                                 "'16-mixed'. Otherwise:"
                               : "") +
-      std::string(" Lower the learning rate, clip gradients (TrainerConfig::gradient_clip_val) or check the data for NaN/inf") +
-      (every_step ? std::string(".") : "; set finite_loss_check = FiniteLossCheck::every_step to stop at the first bad batch."));
+      " Lower the learning rate, clip gradients (" + detail::trainer_setting("gradient_clip_val") +
+      ") or check the data for NaN/inf" +
+      (every_step ? std::string(".")
+                  : "; set " + detail::trainer_setting("finite_loss_check", "FiniteLossCheck::every_step", "every_step") +
+                        " to stop at the first bad batch."));
 }
 
 std::string non_finite_evaluation_warning(std::string_view what, std::string_view step, double loss,
@@ -192,10 +208,10 @@ StepError step_failure(std::string_view step, const StepContext& ctx, std::strin
   // the last batch of an epoch, where the dataset's size leaves one sample over. Not a dtype/shape/device issue.
   const std::string advice =
       what.find("returned nan values in its") != std::string::npos
-          ? ". autograd's anomaly mode (TrainerConfig::detect_anomaly) stopped the backward at the first function "
-            "whose gradient is NaN: it is the backward of the forward op named (SqrtBackward0: a sqrt). Look for a "
-            "gradient that divides by zero there (sqrt, log, pow or division at 0, also under a where() or a mask "
-            "that zeroes its result)."
+          ? ". autograd's anomaly mode (" + detail::trainer_setting("detect_anomaly") +
+                ") stopped the backward at the first function whose gradient is NaN: it is the backward of the "
+                "forward op named (SqrtBackward0: a sqrt). Look for a gradient that divides by zero there (sqrt, "
+                "log, pow or division at 0, also under a where() or a mask that zeroes its result)."
       : what.find("Expected more than 1 value per channel when training") != std::string::npos
           ? ". A batch norm layer in training mode cannot normalize a batch of one sample, which is usually the "
             "epoch's last batch when the dataset's size leaves one sample over: drop that batch with drop_last = true "
@@ -221,8 +237,8 @@ void count_skipped_step(FitProgress& progress, const TrainerConfig& config, cons
         "(inf/NaN gradients every time), the last at " +
         position_text("training_step", ctx.current_epoch, ctx.batch_idx, ctx.global_step) + " under precision '" +
         std::string(precision) + "': the loss or its gradients are not finite, and the model no longer learns. Check "
-        "the data for NaN/inf, lower the learning rate, clip gradients (TrainerConfig::gradient_clip_val), or raise "
-        "TrainerConfig::max_consecutive_skipped_steps (0: never stop).");
+        "the data for NaN/inf, lower the learning rate, clip gradients (" + detail::trainer_setting("gradient_clip_val") +
+        "), or raise " + detail::trainer_setting("max_consecutive_skipped_steps") + " (0: never stop).");
 }
 
 namespace {

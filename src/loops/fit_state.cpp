@@ -12,6 +12,7 @@
 #include "fulgur/checkpoint/state.hpp"
 #include "fulgur/detail/describe.hpp"
 #include "fulgur/detail/elastic_resume.hpp"
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/loops/common.hpp"
 #include "fulgur/preemption.hpp"
@@ -96,12 +97,13 @@ void FitState::check_optimizers(bool automatic) const {
   if (config_.accumulate_grad_batches != 1)
     throw MisconfigurationError(
         "Automatic gradient accumulation is not supported for manual optimization. Remove "
-        "`TrainerConfig::accumulate_grad_batches = " + std::to_string(config_.accumulate_grad_batches) +
+        "`" + detail::trainer_setting("accumulate_grad_batches", std::to_string(config_.accumulate_grad_batches),
+                                      std::to_string(config_.accumulate_grad_batches)) +
         "` or switch to automatic optimization.");
   if (config_.gradient_clip_val && *config_.gradient_clip_val > 0.0)
     throw MisconfigurationError(
-        "Automatic gradient clipping is not supported for manual optimization. Remove "
-        "`TrainerConfig::gradient_clip_val` or switch to automatic optimization (in training_step, clip with "
+        "Automatic gradient clipping is not supported for manual optimization. Remove `" +
+        detail::trainer_setting("gradient_clip_val") + "` or switch to automatic optimization (in training_step, clip with "
         "ctx.clip_gradients(optimizer, {.max_norm = ...})).");
 }
 
@@ -114,7 +116,7 @@ void FitState::plan_validation_interval() {
           "`val_check_interval` (" + std::to_string(schedule_.check_batch) + ") must be less than or equal to "
           "the number of the training batches (" + std::to_string(max_batches_) + "). If you want to disable "
           "validation set `limit_val_batches` to 0.0 instead. If you want to validate based on the total training "
-          "batches, set `check_val_every_n_epoch` to std::nullopt.");
+          "batches, set `" + detail::trainer_setting("check_val_every_n_epoch") + "` to " + detail::unset_value() + ".");
   } else if (max_batches_ < 0) {
     if (!interval.is_all())
       throw MisconfigurationError("The training loader cannot tell its length, so `val_check_interval` must be "
@@ -236,8 +238,8 @@ void FitState::end_preempted(const Preempted& e) {  // the batch finished: save 
   result_.interrupted = result_.preempted = true;
   result_.checkpoint_path = path;
   progress_.stop_reason = e.what();
-  warn(std::string("fulgur: ") + e.what() + "; wrote " + path + ", which the next fit continues exactly with "
-       "FitOptions{.ckpt_path = \"hpc\"} (under SLURM, by itself).");
+  warn(std::string("fulgur: ") + e.what() + "; wrote " + path + ", which the next fit continues exactly with " +
+       detail::resume_setting("hpc") + " (under SLURM, by itself).");
 }
 
 void FitState::end_interrupted(const Interrupted& e) {  // Ctrl-C: the step finished; shut down as Lightning does
@@ -552,7 +554,8 @@ void FitState::restore_views(c10::Device device) { views_.load_state(resume_view
 
 void FitState::restore_epoch_position() {
   const std::int64_t saved = resume_accumulate_, batch = progress_.batches_in_epoch;
-  // Other data under the same position (a checkpoint past this epoch's end is the epoch loop's error).
+  // Other data under the same position (a checkpoint at or past this epoch's end is the epoch loop's:
+  // it ends the epoch there, or refuses).
   if (resume_epoch_batches_ >= 0 && max_batches_ >= 0 && resume_epoch_batches_ != max_batches_ && batch < max_batches_)
     warn("fulgur: " + checkpoint_name() + " was taken after batch " + std::to_string(batch - 1) + " of epoch " +
          std::to_string(progress_.epochs_done) + ", an epoch of " + std::to_string(resume_epoch_batches_) +

@@ -2,20 +2,26 @@
 #include "fulgur/tuner/lr_finder_result.hpp"
 
 #include <ATen/ATen.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <limits>
 #include <sstream>
 
+#include "fulgur/detail/files.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur {
 namespace lr_finder {
+namespace detail {
+extern const char* const plot_script;  // scripts/plot_lr_find.py (src/tuner/plot_lr_find_script.cpp.in)
+}  // namespace detail
 
 double scheduled_lr(const LRFindOptions& options, std::int64_t step) {
   // LRScheduler's constructor steps once (last_epoch 0: base_lrs); each optimizer step then steps it
@@ -167,14 +173,43 @@ std::string LRFinderResult::text_plot(int width, int height) const {
   return out.str();
 }
 
+namespace {
+
+/// One shell word: 'it', with each ' inside as '\''.
+std::string shell_quoted(const std::string& text) {
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+}  // namespace
+
 std::string LRFinderResult::plot(const std::string& png_path, const std::string& python, const std::string& script) const {
+  detail::make_directories(detail::parent_folder(png_path));
   const std::string csv = png_path + ".csv";
   write_csv(csv);
   const std::string has_matplotlib = python + " -c 'import matplotlib' >/dev/null 2>&1";
   if (std::system(has_matplotlib.c_str()) == 0) {
-    const std::string command = python + " '" + script + "' '" + csv + "' '" + png_path + "'";
-    if (std::system(command.c_str()) == 0) return png_path;
-    throw Error("lr_find: the plot script failed: " + command);
+    const std::string arguments = " " + shell_quoted(csv) + " " + shell_quoted(png_path);
+    if (!script.empty()) {
+      const std::string command = python + " " + shell_quoted(script) + arguments;
+      if (std::system(command.c_str()) == 0) return png_path;
+      throw Error("lr_find: the plot script failed: " + command);
+    }
+    // The compiled-in script, from a temporary file (a pipe would let an interpreter that exits early end
+    // this process with SIGPIPE).
+    std::string file = (std::getenv("TMPDIR") != nullptr ? std::string(std::getenv("TMPDIR")) : "/tmp") +
+                       "/fulgur_plot_lr_find_XXXXXX";
+    const int fd = ::mkstemp(file.data());
+    if (fd < 0) throw Error("lr_find: cannot write the plot script to a temporary file (" + file + ").");
+    const std::size_t length = std::strlen(lr_finder::detail::plot_script);
+    const bool written = ::write(fd, lr_finder::detail::plot_script, length) == static_cast<ssize_t>(length);
+    ::close(fd);
+    const std::string command = python + " " + shell_quoted(file) + arguments;
+    const bool drawn = written && std::system(command.c_str()) == 0;
+    ::unlink(file.c_str());
+    if (drawn) return png_path;
+    throw Error("lr_find: the plot script (scripts/plot_lr_find.py, compiled in) failed: " + command);
   }
   const std::string txt = png_path + ".txt";
   std::ofstream out(txt);

@@ -255,6 +255,46 @@ TEST_CASE("cli run: a LibTorch error from the module's constructor or the fit is
   CHECK_THAT(nan_text, Catch::Contains("Invalid learning rate: nan") && !Catch::Contains("frame #"));
 }
 
+TEST_CASE("cli run: a hint names the setting as the command line sets it, a C++ program's as C++ does (probe F4)",
+          "[cli]") {
+  const std::string dir = test::scratch_folder("cli_host_terms");
+  std::vector<std::string> args = base("fit", dir);
+  args.insert(args.begin(), "tiny");
+  for (const char* extra : {"--model.lr=1e30", "--trainer.max_epochs=3", "--trainer.logger=false",
+                            "--trainer.callbacks+=OnExceptionCheckpoint"})
+    args.emplace_back(extra);
+  args.push_back("--trainer.callbacks.dirpath=" + dir + "/exc");
+  std::vector<char*> argv;
+  for (auto& arg : args) argv.push_back(arg.data());
+  std::ostringstream captured;
+  std::streambuf* const original = std::cerr.rdbuf(captured.rdbuf());
+  const int code = cli::main<Tiny, TinyData>(static_cast<int>(argv.size()), argv.data(), compiled);
+  std::cerr.rdbuf(original);
+  const std::string text = captured.str();
+  CHECK(code == 1);  // lr 1e30: the loss is NaN within a few steps
+  CHECK_THAT(text, Catch::Contains("Resume with --ckpt_path=" + dir + "/exc/on_exception.ckpt once the cause is fixed"));
+  CHECK_THAT(text, Catch::Contains("clip gradients (trainer.gradient_clip_val)") &&
+                       Catch::Contains("set --trainer.finite_loss_check=every_step to stop at the first bad batch"));
+  CHECK_THAT(text, !Catch::Contains("TrainerConfig") && !Catch::Contains("FitOptions") &&
+                       !Catch::Contains("FiniteLossCheck::"));
+  std::vector<std::string> without_logger = base("fit", dir + "/lr");
+  for (const char* extra : {"--trainer.max_steps=1", "--trainer.logger=false", "--trainer.callbacks+=LearningRateMonitor"})
+    without_logger.emplace_back(extra);
+  CHECK_THAT(config_error([&] { run(without_logger); }),
+             Catch::Contains("has no logger: set trainer.logger (true, CSVLogger or TensorBoardLogger).") &&
+                 !Catch::Contains("fulgur::CSVLogger"));
+
+  // The command line's reader ends with its run: a C++ program in the same process reads C++ again.
+  Tiny module(tiny::TinyConfig{.hidden = 8, .lr = 1e30});
+  TinyData data({});
+  data.setup("fit");
+  Trainer<CPUAccelerator, SingleDeviceStrategy, FloatPrecision> trainer(
+      test::quiet({.max_epochs = 3, .default_root_dir = dir + "/cpp"}));
+  const std::string error = test::message_of<fulgur::NonFiniteLossError>([&] { trainer.fit(module, data.train_dataloader()); });
+  CHECK_THAT(error, Catch::Contains("clip gradients (TrainerConfig::gradient_clip_val)") &&
+                        Catch::Contains("set TrainerConfig::finite_loss_check = FiniteLossCheck::every_step to stop"));
+}
+
 TEST_CASE("cli run: runs sharing a folder keep each one's config, and say where this one's went (probe)", "[cli]") {
   const std::string dir = test::scratch_folder("cli_config_versions");
   const auto fit = [&](const std::string& steps) {

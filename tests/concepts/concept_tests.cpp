@@ -242,6 +242,20 @@ struct SupportsDtypeOfName : Accelerator {
 struct AllOptionalAcceleratorMembers : Accelerator {
   static bool supports_dtype(const Device&, ScalarType) { return true; }
 };
+// final: not derived from to probe, found by its member's address (one member, not an overload set).
+struct SealedDtypeAsNumber final : Precision {
+  static constexpr int dtype = 5;
+};
+struct SealedTrainEndWithArgument final : Strategy {
+  void on_train_end(int) {}
+};
+struct SealedSupportsDtypeNotStatic final : Accelerator {
+  bool supports_dtype(const Device&, ScalarType) const { return true; }
+};
+struct SealedAllOptionalMembers final : Strategy {
+  template <class P> void unscale_gradients(Optimizer&, P&) {}
+  void on_train_end() {}
+};
 }  // namespace optional_members
 
 TEST_CASE("optional members: absent or right is the contract, a wrong signature is not and is named",
@@ -280,6 +294,17 @@ TEST_CASE("optional members: absent or right is the contract, a wrong signature 
                  accelerator_requirement::accelerator_optional_supports_dtype);
   STATIC_REQUIRE(fulgur::detail::first_missing_accelerator_requirement<SupportsDtypeOfName, V>() ==
                  accelerator_requirement::accelerator_optional_supports_dtype);
+}
+
+TEST_CASE("optional members: a final policy's wrong one is named too", "[concepts][optional]") {
+  using namespace optional_members;
+  STATIC_REQUIRE(fulgur::detail::first_missing_precision_requirement<SealedDtypeAsNumber, V>() ==
+                 fulgur::detail::precision_requirement::precision_optional_dtype);
+  STATIC_REQUIRE(fulgur::detail::first_missing_strategy_requirement<SealedTrainEndWithArgument, V>() ==
+                 fulgur::detail::strategy_requirement::strategy_optional_on_train_end);
+  STATIC_REQUIRE(fulgur::detail::first_missing_accelerator_requirement<SealedSupportsDtypeNotStatic, V>() ==
+                 fulgur::detail::accelerator_requirement::accelerator_optional_supports_dtype);
+  STATIC_REQUIRE(fulgur::strategy_for<SealedAllOptionalMembers, V>);  // a template: not seen, taken at its word
 }
 
 TEST_CASE("strategy: the stub satisfies the contract, each near miss does not", "[concepts][strategy]") {
@@ -492,6 +517,9 @@ struct Monitoring {
 struct Sealed final {
   void on_fit_start() {}
 };
+struct SealedLogger final {
+  void log_metrics(int, long) {}
+};
 }  // namespace callback_probe
 
 TEST_CASE("callback: a type is one when a member bears a hook's name, a misspelt one is not", "[concepts][callback]") {
@@ -507,7 +535,8 @@ TEST_CASE("callback: a type is one when a member bears a hook's name, a misspelt
   STATIC_REQUIRE_FALSE(fulgur::callback<Empty>);
   STATIC_REQUIRE_FALSE(fulgur::callback<int>);
   STATIC_REQUIRE(fulgur::callback<std::vector<OneHook>>);
-  STATIC_REQUIRE(fulgur::callback<Sealed>);  // final: cannot be probed, taken at its word
+  STATIC_REQUIRE(fulgur::callback<Sealed>);  // final: taken at its word
+  STATIC_REQUIRE(fulgur::logger<SealedLogger>);  // final: found by the member's address
   STATIC_REQUIRE(fulgur::monitoring_callback<Monitoring>());
   STATIC_REQUIRE_FALSE(fulgur::monitoring_callback<OneHook>());
 }

@@ -61,7 +61,11 @@ TEST_CASE("CUDA devices: Lightning's parsing rules and messages", "[accelerator]
         "Device ID's (GPU) must be unique.");
   CHECK(test::message_of<AcceleratorError>([] { parse_cuda_devices(3, 2); }) ==
         "You requested gpu: [0, 1, 2]\n But your machine only has: [0, 1]");
-  CHECK(test::message_of<AcceleratorError>([] { parse_cuda_devices(-1, 0); }) == "GPUs requested but none are available.");
+  CHECK(test::message_of<AcceleratorError>([] { parse_cuda_devices(-1, 0); }) ==
+        "GPUs requested but none are available: train on the CPU (fulgur::CPUAccelerator), or run on a machine with one.");
+  CHECK(test::message_of<AcceleratorError>([] { parse_cuda_devices(1, 0); }) ==  // dispatch("gpu") here (probe 7)
+        "You requested gpu: [0]\n But your machine only has: []\n There is no GPU here: train on the CPU "
+        "(fulgur::CPUAccelerator), or run on a machine with one.");
   CHECK_THAT(test::message_of<MisconfigurationError>([] { parse_cuda_devices(0, 2); }),
              Catch::StartsWith("`devices=0` is not a valid input using CUDAAccelerator"));
   CHECK_THROWS_AS(parse_cuda_devices("a,b", 2), MisconfigurationError);

@@ -652,6 +652,31 @@ TEST_CASE("a max_steps stop inside an epoch, resumed: its end counts once, as in
   CHECK(resumed.first.stop_reason == straight.first.stop_reason);
 }
 
+TEST_CASE("a resume at or past a smaller limit_train_batches ends that epoch and goes on (probe 7)", "[checkpoint][resume]") {
+  const std::string folder = scratch_folder("resume_past_limit");
+  auto [x, y] = test::classification_data(32);
+  auto run = [&](TrainerConfig config, const std::string& resume, const std::string& save) {
+    torch::manual_seed(7);
+    test::Classifier net;
+    config.enable_progress_bar = false;
+    Trainer<CPU, Single, FloatPrecision> trainer(config);
+    const FitResult result = trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 4}), FitOptions{.ckpt_path = resume});
+    if (!save.empty()) trainer.save_checkpoint(save);
+    return result;
+  };
+  CHECK(run({.max_epochs = 5, .max_steps = 3}, "", folder + "/at3.ckpt").global_step == 3);  // 8 batches an epoch
+  for (const std::int64_t limit : {3, 2}) {  // the position, batch 3, is the new limit or past it
+    const FitResult resumed = run({.max_epochs = 2, .limit_train_batches = limit}, folder + "/at3.ckpt", "");
+    CHECK(resumed.global_step == 3 + limit);  // epoch 0 is over; epoch 1 trains `limit` batches
+    REQUIRE(resumed.warnings.size() == 1);
+    CHECK_THAT(resumed.warnings.front(),
+               Catch::StartsWith("fulgur: the checkpoint continues epoch 0 at batch 3, but this run trains " +
+                                 std::to_string(limit) + " batches an epoch (TrainerConfig::limit_train_batches): "
+                                 "epoch 0 is over") &&
+                   Catch::EndsWith("fit goes on with epoch 1."));
+  }
+}
+
 TEST_CASE("ModelCheckpoint keeps the best save_top_k by its monitor, and last.ckpt", "[checkpoint][model_checkpoint]") {
   const std::string folder = scratch_folder("top_k");
   ScoredNet net;

@@ -476,13 +476,22 @@ TEST_CASE("lr_find: the plot marks the suggestion (PNG via matplotlib, the CSV, 
   const auto found = lr_find(trainer, model, loader, {.min_lr = 1e-5, .max_lr = 10.0, .num_training = 60});
   REQUIRE(found.suggestion_index());
   const std::string folder = test::scratch_folder("lr_finder_plot");
-  const std::string written = found.plot(folder + "/lr.png", FULGUR_TEST_PYTHON,
-                                         std::string(FULGUR_SOURCE_DIR) + "/scripts/plot_lr_find.py");
-  CHECK(written == folder + "/lr.png");  // the venv has matplotlib
-  std::ifstream png(written, std::ios::binary);
-  char magic[4] = {};
-  png.read(magic, 4);
-  CHECK(std::string(magic + 1, 3) == "PNG");
+  // The script compiled into libfulgur (an installed fulgur has no scripts/ folder; probe 7), into a folder
+  // plot makes; the script's own file when one is given.
+  const auto is_png = [](const std::string& path) {
+    std::ifstream png(path, std::ios::binary);
+    char magic[4] = {};
+    png.read(magic, 4);
+    return std::string(magic + 1, 3) == "PNG";
+  };
+  const std::string written = found.plot(folder + "/plots/lr.png", FULGUR_TEST_PYTHON);
+  CHECK(written == folder + "/plots/lr.png");  // the venv has matplotlib
+  CHECK(is_png(written));
+  const std::string from_file =
+      found.plot(folder + "/lr.png", FULGUR_TEST_PYTHON, std::string(FULGUR_SOURCE_DIR) + "/scripts/plot_lr_find.py");
+  CHECK(is_png(from_file));
+  CHECK_THROWS_WITH(found.plot(folder + "/lr2.png", FULGUR_TEST_PYTHON, folder + "/no_such_script.py"),
+                    Catch::Contains("lr_find: the plot script failed: "));
   std::ifstream csv(folder + "/lr.png.csv");
   std::string header, columns, first;
   std::getline(csv, header);

@@ -18,6 +18,7 @@
 
 #include "fulgur/callbacks/trainer_view.hpp"
 #include "fulgur/concepts/callback.hpp"
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 #include "fulgur/hooks.hpp"
 #include "fulgur/loggers/hyperparameters.hpp"
@@ -155,8 +156,8 @@ class CallbackSet {
         for (const auto& [other, other_dir] : claimed)
           if (*other == *type && other_dir == dir)
             throw MisconfigurationError("fulgur: two loggers of one type write to " + dir +
-                                        " and would overwrite each other's files; give them different names "
-                                        "(LoggerOptions::name) or save_dirs.");
+                                        " and would overwrite each other's files; give them different names (" +
+                                        detail::spelled("LoggerOptions::name", "init_args.name") + ") or save_dirs.");
         claimed.emplace_back(type, dir);
       }
     });

@@ -102,6 +102,12 @@ class TrainerView {
   bool reduce_boolean_decision(bool decision, bool all = true) {
     return host_ != nullptr ? host_->reduce_boolean_decision(decision, all) : decision;
   }
+  /// The tensor from every rank, on the training device, stacked in rank order: shape (world_size, ...)
+  /// (Lightning's all_gather). In one process, as Lightning's, the tensor as it is; a view of no
+  /// trainer: the tensor with a leading 1.
+  at::Tensor all_gather(const at::Tensor& tensor) {
+    return host_ != nullptr ? host_->all_gather(tensor) : tensor.unsqueeze(0);
+  }
   /// One line on global rank 0.
   void print(std::string_view line) const {
     if (is_global_zero()) std::cout << line << std::endl;

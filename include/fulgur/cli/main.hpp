@@ -28,6 +28,7 @@
 #include "fulgur/cli/resolve.hpp"
 #include "fulgur/cli/save_config.hpp"
 #include "fulgur/detail/files.hpp"
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/detail/trainer_support.hpp"
 #include "fulgur/dispatch.hpp"
 #include "fulgur/fulgur.hpp"
@@ -47,15 +48,6 @@ inline std::optional<std::uint64_t> settle_seed(Config& config) {
     return seed;
   }
   return static_cast<std::uint64_t>(*as_integer(node));
-}
-
-/// A Trainer's message in the config's terms: TrainerConfig::max_epochs is trainer.max_epochs, std::nullopt null.
-inline std::string as_config_keys(std::string text) {
-  for (const auto& [from, to] : {std::pair<std::string_view, std::string_view>{"TrainerConfig::", "trainer."},
-                                 {"TrainerConfig has", "the trainer section has"},
-                                 {"std::nullopt", "null"}})
-    for (std::size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, from.size(), to);
-  return text;
 }
 
 /// The variable through which the workers fulgur's launcher starts (by running this program again) get
@@ -270,7 +262,7 @@ Outcome run_with(const CommandLine& command, const YAML::Node& tree, TrainerConf
         try {
           built.emplace(std::move(trainer_config), std::move(options), std::move(save), std::move(vector)...);
         } catch (const MisconfigurationError& e) {
-          throw ConfigError({"the Trainer refuses this config: " + as_config_keys(e.what())});
+          throw ConfigError({"the Trainer refuses this config: " + std::string(e.what())});
         }
         for_workers.reset();
         Trainer& trainer = *built;
@@ -288,6 +280,8 @@ template <class Module, class Data = NoData, class Trainers = std::remove_const_
 Outcome run(const std::vector<std::string>& args, Trainers trainers = shipped_trainers, Classes classes = {},
             const Settings& settings = {}) {
   static const std::vector<std::string> subcommands{"fit", "validate", "test", "predict"};
+  // The library's hints name settings as this program's user sets them: trainer.max_epochs, --ckpt_path.
+  const fulgur::detail::ReaderScope reader(fulgur::detail::Reader::command_line);
   const CommandLine command = parse_command_line(args, subcommands);
   const auto [available, lacking] = detail::available_subcommands<Module, Data>();
   if (!command.subcommand.empty())

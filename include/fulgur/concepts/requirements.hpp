@@ -37,8 +37,10 @@
 
 // Whether T has a member of a given name, of any kind (function, overload set, template, data):
 // a class derived from T and from a probe with an `int name` makes `&Derived::name` ambiguous
-// exactly when T has one too. A final class cannot be probed: it is taken at its word. Expand it in
-// a namespace of its own per use, so that two headers may probe one name.
+// exactly when T has one too. A final class cannot be derived from: its member is found when its
+// address can be taken (one function or data member, public); an overload set or a template in a
+// final class is not seen. Expand it in a namespace of its own per use, so that two headers may probe
+// one name.
 #define FULGUR_DETAIL_MEMBER_PROBE(name)                                                  \
   struct probe_##name {                                                                   \
     int name;                                                                             \
@@ -47,8 +49,10 @@
   struct probed_##name : T, probe_##name {};                                              \
   template <class T>                                                                      \
   constexpr bool has_member_##name() {                                                    \
-    if constexpr (!std::is_class_v<T> || std::is_final_v<T>)                              \
+    if constexpr (!std::is_class_v<T>)                                                    \
       return false;                                                                       \
+    else if constexpr (std::is_final_v<T>)                                                \
+      return requires { &T::name; };                                                      \
     else                                                                                  \
       return !requires { &probed_##name<T>::name; };                                      \
   }

@@ -170,7 +170,12 @@ std::string parameters_text(torch::nn::Module& module);
 std::string shutdown_failure_text(std::string_view where, const std::exception& thrown, const std::exception& original);
 
 // ---- the loops' failures, compiled once (src/loops/common.cpp): each names where and what to do ----
-/// A resumed epoch's batches before its position are passed over, and the data ran out.
+/// A resumed epoch whose position is at or past this run's limit_train_batches: the epoch is over. Said
+/// on global rank 0; returns the warning.
+std::string say_resumed_at_batch_limit(std::int64_t epoch, std::int64_t first_batch, std::int64_t limit,
+                                      bool global_zero);
+/// A resumed epoch's position is past its data (or this run's limit_train_batches, where ending the
+/// epoch there would lose an open accumulation window or a loader's own position).
 [[noreturn]] void raise_resume_past_data(std::int64_t epoch, std::int64_t first_batch, std::int64_t batches);
 /// An epoch yielded no training batch (`description`: the loader's, if it describes itself).
 [[noreturn]] void raise_no_training_batches(std::int64_t epoch, const std::string& description);

@@ -92,6 +92,16 @@ class TrainingEpochLoop {
       const BatchEnd ended = end_pending_batch(*pending, first_batch - 1);
       if (ended != BatchEnd::go_on) return ended == BatchEnd::end_of_epoch || pending->last;
     }
+    // A smaller limit_train_batches than the saved run's, the position at or past it: the epoch is over,
+    // where nothing is lost (a fresh iterator, no accumulation window open); otherwise an error.
+    if (first_batch > 0 && max_batches_ >= 0 && first_batch >= max_batches_) {
+      if (!skip || first_batch % config_.accumulate_grad_batches != 0)
+        raise_resume_past_data(summary.epoch, first_batch, max_batches_);
+      p_.warnings.push_back(
+          say_resumed_at_batch_limit(summary.epoch, first_batch, max_batches_, p_.host.is_global_zero()));
+      step_epoch_schedulers();
+      return true;
+    }
     // A loader that can start mid-epoch (begin_at) does so without reading the batches before.
     constexpr bool starts_anywhere = requires { p_.data.begin_at(first_batch); p_.data.size(); };
     auto it = [&] {

@@ -39,7 +39,8 @@ struct TorchProfilerOptions {
   /// Where traces (and the table, with a filename) go; empty: the first logger's log_dir, else
   /// default_root_dir.
   std::string dirpath{};
-  /// The table's file base name (".txt"; the traces take it too); empty: the table is only printed.
+  /// The table's file base name (".txt"; the traces take it too); empty: the table is only printed, and
+  /// the traces are named after the stage (fit.0.pt.trace.json), as Lightning's.
   std::string filename{};
   ProfilerSchedule schedule{};
   bool record_shapes = false;

@@ -46,11 +46,12 @@ struct LRFinderResult {
   void write_csv(const std::string& path) const;
   /// The curve as text (log-x for the exponential mode, as Lightning's plot), '*' for the suggestion.
   std::string text_plot(int width = 72, int height = 20) const;
-  /// Lightning's plot(suggest=True): writes `png_path` via scripts/plot_lr_find.py with `python`
-  /// (the CSV beside it, png_path + ".csv"); where Python or matplotlib is missing, the text plot
-  /// goes to png_path + ".txt" instead. Returns the path written.
+  /// Lightning's plot(suggest=True): writes `png_path` (and its folder) with `python` running
+  /// scripts/plot_lr_find.py (the copy compiled into libfulgur; `script`: another file), the CSV
+  /// beside it (png_path + ".csv"); where Python or matplotlib is missing, the text plot goes to
+  /// png_path + ".txt" instead. Returns the path written.
   std::string plot(const std::string& png_path, const std::string& python = "python3",
-                   const std::string& script = "scripts/plot_lr_find.py") const;
+                   const std::string& script = "") const;
 };
 
 namespace lr_finder {
