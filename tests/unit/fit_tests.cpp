@@ -482,7 +482,7 @@ TEST_CASE("bad input: a non-finite loss under 32-true stops the run and names th
     // the same position a StepError would give for that batch
     CHECK_THAT(message, Catch::StartsWith("fulgur: the loss is NaN at training_step at epoch 0, batch 4 (global_step 4) "
                                           "under precision '32-true'."));
-    CHECK_THAT(message, !Catch::Contains("set finite_loss_check"));  // it is on already
+    CHECK_THAT(message, !Catch::Contains("FiniteLossCheck::every_step"));  // it is on already
   }
   {  // default: checked when the loss is read anyway (here: the epoch's last batch)
     test::Classifier model;
@@ -490,7 +490,8 @@ TEST_CASE("bad input: a non-finite loss under 32-true stops the run and names th
     const auto message = test::message_of<NonFiniteLossError>([&] { trainer.fit(model, loader); });
     CHECK_THAT(message, Catch::Contains("batch 7 (global_step 7)"));
     CHECK_THAT(message, Catch::Contains("last seen finite at global_step 0"));
-    CHECK_THAT(message, Catch::Contains("set finite_loss_check = FiniteLossCheck::every_step"));
+    CHECK_THAT(message, Catch::Contains("set TrainerConfig::finite_loss_check = FiniteLossCheck::every_step to stop at "
+                                        "the first bad batch"));
   }
   {  // under 16-mixed the scaler absorbs it: the steps are skipped, the run goes on
     test::Classifier model;

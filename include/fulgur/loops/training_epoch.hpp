@@ -92,10 +92,15 @@ class TrainingEpochLoop {
       const BatchEnd ended = end_pending_batch(*pending, first_batch - 1);
       if (ended != BatchEnd::go_on) return ended == BatchEnd::end_of_epoch || pending->last;
     }
-    // A smaller limit_train_batches than the saved run's, the position at or past it: the epoch is over,
-    // where nothing is lost (a fresh iterator, no accumulation window open); otherwise an error.
+    // The position at or past this run's epoch: where only a smaller limit_train_batches than the saved
+    // run's ends it there (the data goes on) and nothing is lost (a fresh iterator, no accumulation window
+    // open), the epoch is over; otherwise (shorter data, ...) resuming exactly cannot be done: an error.
     if (first_batch > 0 && max_batches_ >= 0 && first_batch >= max_batches_) {
-      if (!skip || first_batch % config_.accumulate_grad_batches != 0)
+      const bool data_goes_on = [&] {
+        if constexpr (requires { p_.data.size(); }) return static_cast<std::int64_t>(p_.data.size()) > first_batch;
+        else return false;
+      }();
+      if (!data_goes_on || !skip || first_batch % config_.accumulate_grad_batches != 0)
         raise_resume_past_data(summary.epoch, first_batch, max_batches_);
       p_.warnings.push_back(
           say_resumed_at_batch_limit(summary.epoch, first_batch, max_batches_, p_.host.is_global_zero()));
