@@ -44,6 +44,20 @@ std::string read(const std::string& path) {
   return s.str();
 }
 
+/// cli::main on `fit`, quiet, in `dir`, with `extra`: its exit code and what it printed on stderr.
+std::pair<int, std::string> main_fit(const std::string& dir, const std::vector<std::string>& extra) {
+  std::vector<std::string> args = base("fit", dir);
+  args.insert(args.begin(), "tiny");
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (auto& arg : args) argv.push_back(arg.data());
+  std::ostringstream captured;
+  std::streambuf* const original = std::cerr.rdbuf(captured.rdbuf());
+  const int code = cli::main<Tiny, TinyData>(static_cast<int>(argv.size()), argv.data(), compiled);
+  std::cerr.rdbuf(original);
+  return {code, captured.str()};
+}
+
 template <class F>
 std::string config_error(F&& f) {
   return test::message_of<fulgur::MisconfigurationError>(std::forward<F>(f));
@@ -233,18 +247,7 @@ TEST_CASE("cli run: the run-time choice's errors", "[cli]") {
 TEST_CASE("cli run: a LibTorch error from the module's constructor or the fit is one line, no C++ stack (probe)",
           "[cli]") {
   const std::string dir = test::scratch_folder("cli_torch_errors");
-  const auto main_with = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args = base("fit", dir);
-    args.insert(args.begin(), "tiny");
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& arg : args) argv.push_back(arg.data());
-    std::ostringstream captured;
-    std::streambuf* const original = std::cerr.rdbuf(captured.rdbuf());
-    const int code = cli::main<Tiny, TinyData>(static_cast<int>(argv.size()), argv.data(), compiled);
-    std::cerr.rdbuf(original);
-    return std::pair{code, captured.str()};
-  };
+  const auto main_with = [&](const std::vector<std::string>& extra) { return main_fit(dir, extra); };
   const auto [code, text] = main_with({"--model.hidden=-4"});
   CHECK(code == 1);
   CHECK_THAT(text, Catch::StartsWith("tiny: the module's constructor failed on the config's model keys (--print_config "
@@ -258,19 +261,9 @@ TEST_CASE("cli run: a LibTorch error from the module's constructor or the fit is
 TEST_CASE("cli run: a hint names the setting as the command line sets it, a C++ program's as C++ does (probe F4)",
           "[cli]") {
   const std::string dir = test::scratch_folder("cli_host_terms");
-  std::vector<std::string> args = base("fit", dir);
-  args.insert(args.begin(), "tiny");
-  for (const char* extra : {"--model.lr=1e30", "--trainer.max_epochs=3", "--trainer.logger=false",
-                            "--trainer.callbacks+=OnExceptionCheckpoint"})
-    args.emplace_back(extra);
-  args.push_back("--trainer.callbacks.dirpath=" + dir + "/exc");
-  std::vector<char*> argv;
-  for (auto& arg : args) argv.push_back(arg.data());
-  std::ostringstream captured;
-  std::streambuf* const original = std::cerr.rdbuf(captured.rdbuf());
-  const int code = cli::main<Tiny, TinyData>(static_cast<int>(argv.size()), argv.data(), compiled);
-  std::cerr.rdbuf(original);
-  const std::string text = captured.str();
+  const auto [code, text] = main_fit(dir, {"--model.lr=1e30", "--trainer.max_epochs=3", "--trainer.logger=false",
+                                           "--trainer.callbacks+=OnExceptionCheckpoint",
+                                           "--trainer.callbacks.dirpath=" + dir + "/exc"});
   CHECK(code == 1);  // lr 1e30: the loss is NaN within a few steps
   CHECK_THAT(text, Catch::Contains("Resume with --ckpt_path=" + dir + "/exc/on_exception.ckpt once the cause is fixed"));
   CHECK_THAT(text, Catch::Contains("clip gradients (trainer.gradient_clip_val)") &&
