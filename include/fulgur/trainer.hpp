@@ -425,14 +425,14 @@ class Trainer {
                               "(batch, batch_idx, std::int64_t dataloader_idx) for their batches (Lightning: \"You "
                               "provided multiple `predict_dataloader`, but no `dataloader_idx` argument\").");
       if constexpr (has_step) return loops::predict(*this, m, d, evaluation_weights(Stage::predict, options));
-      else return detail::inert{};
+      else return std::vector<std::vector<at::Tensor>>{};  // what the caller most likely uses: no second error
     } else {
       using Batch = loops::batch_of_t<std::remove_reference_t<decltype(setup_dataloader(d))>>;
       static_assert(assert_evaluation_step<Stage::predict, M, Batch>());  // "predict() needs predict_step(...)"
       if constexpr (has_predict_step<M, Batch>)
         return loops::predict(*this, m, d, evaluation_weights(Stage::predict, options));
       else
-        return detail::inert{};
+        return std::vector<at::Tensor>{};  // the usual predictions' type, so that their use adds no error
     }
   }
   template <class Module, class Loader>

@@ -30,7 +30,22 @@ FitState::FitState(const TrainerConfig& config, torch::nn::Module& module, detai
       loop_link_(loop),
       view_(ctx_, config, module, &host),
       global_rank_(global_rank),
-      world_size_(world_size) {}
+      world_size_(world_size) {
+  warn_unreachable_minimum("min_epochs", config.min_epochs, "max_epochs", max_epochs(), config.max_epochs.has_value());
+  warn_unreachable_minimum("min_steps", config.min_steps, "max_steps", config.max_steps, /*maximum_set=*/true);
+}
+
+void FitState::warn_unreachable_minimum(const char* minimum, std::int64_t at_least, const char* maximum,
+                                        std::int64_t at_most, bool maximum_set) {
+  // The maximum ends fit first (Lightning's order too, silently there): a smoke test that lowers one
+  // limit of a shared config hears that the other no longer holds.
+  if (at_most < 0 || at_least <= at_most) return;
+  const std::string least = std::to_string(at_least), most = std::to_string(at_most);
+  warn("fulgur: " + detail::trainer_setting(minimum, least, least) + " is more than " +
+       (maximum_set ? detail::trainer_setting(maximum, most, most)
+                    : detail::trainer_setting(maximum) + " (unset: " + most + ")") +
+       ": fit stops at " + maximum + ", so the minimum is not reached. Lower " + minimum + " or raise " + maximum + ".");
+}
 
 FitState::~FitState() = default;
 
@@ -284,8 +299,10 @@ StateDict FitState::checkpoint_state(bool weights_only, const CompletedStep* at)
   loops.insert("fit_loop", loop.to_ivalue());
   c.insert("loops", loops.to_ivalue());
   if (!weights_only) {
+    // A failure's checkpoint keeps every state from before the hooks it resumes into, file records
+    // included (save_completed_step): a save those hooks asked for may not have been written.
     c.insert("callbacks", at != nullptr && at->callbacks ? at->callbacks->to_ivalue()
-                          : at == nullptr && frozen_callbacks_ ? frozen_callbacks_->to_ivalue()
+                          : at == nullptr && frozen_callbacks_ ? with_current_file_records(*frozen_callbacks_).to_ivalue()
                                                                : host_link_.callback_states().to_ivalue());
     c10::impl::GenericList optimizer_states(c10::AnyType::get()), schedulers(c10::AnyType::get());
     for (const auto& config : optimizers_) {
@@ -304,6 +321,15 @@ StateDict FitState::checkpoint_state(bool weights_only, const CompletedStep* at)
   c.insert("fulgur", stamp.to_ivalue());
   loop_link_.on_save_checkpoint(c);
   return c;
+}
+
+StateDict FitState::with_current_file_records(const StateDict& earlier) {
+  // After a stop inside an epoch, whose epoch end ran and wrote its files: a ModelCheckpoint's record of
+  // them is its state now, so that a resumed run overwrites and prunes them. A shallow copy (the
+  // earlier states stay as they were taken).
+  StateDict states(earlier.to_ivalue().toGenericDict().copy());
+  for (const auto& entry : host_link_.callback_file_records()) states.insert(entry.key().toStringRef(), entry.value());
+  return states;
 }
 
 void FitState::remove_checkpoint(const std::string& path) { host_link_.remove_checkpoint(path); }

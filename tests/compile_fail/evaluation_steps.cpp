@@ -1,6 +1,6 @@
 // validate, test and predict on a module without the step they run: exactly one error, which names
 // the call and the step it needs ("test() needs test_step(batch, batch_idx)"), not "validation_step/
-// test_step". The twin has the step.
+// test_step", and not a second one where the predictions are used. The twin has the step.
 #include <fulgur/fulgur.hpp>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
@@ -33,8 +33,11 @@ void evaluate() {
 #elif defined(FULGUR_RULE_TEST)
   trainer.test(net, loader);
 #elif defined(FULGUR_RULE_PREDICT)
+  // Used as a caller uses them: the missing step stays the one error.
   auto predictions = trainer.predict(net, loader);
-  (void)predictions;
+  std::int64_t rows = 0;
+  for (const auto& p : predictions) rows += p.size(0);
+  (void)(rows + static_cast<std::int64_t>(predictions.size()) + predictions.at(0).argmax(1).numel());
 #else
 #error "define one FULGUR_RULE_*"
 #endif

@@ -84,6 +84,7 @@ struct Net : torch::nn::Module {
   Net() { register_module("fc", fc); }
   at::Tensor training_step(const fulgur::data::Batch& b, std::int64_t) { return fc(b.input).sum(); }
   at::Tensor validation_step(const fulgur::data::Batch& b, std::int64_t) { return fc(b.input).sum(); }
+  at::Tensor predict_step(const fulgur::data::Batch& b, std::int64_t) { return fc(b.input); }
   std::unique_ptr<torch::optim::Optimizer> configure_optimizers() {
     return std::make_unique<torch::optim::SGD>(parameters(), 0.1);
   }
@@ -100,5 +101,8 @@ int train() {
   trainer.setup(net, optimizer);
   trainer.backward(net->fc(at::ones({1, 2})).sum());
   const bool stepped = trainer.optimizer_step(optimizer);
-  return static_cast<int>(result.global_step) + static_cast<int>(validated.metrics.size()) + stepped;
+  std::size_t predicted = trainer.predict(net, loader).size();  // used as a caller uses predictions
+  for (const auto& p : trainer.predict(net, loader)) predicted += static_cast<std::size_t>(p.size(0));
+  return static_cast<int>(result.global_step) + static_cast<int>(validated.metrics.size()) + stepped +
+         static_cast<int>(predicted);
 }

@@ -39,6 +39,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fulgur/callbacks/model_checkpoint.hpp"
@@ -82,6 +83,20 @@ Usage sample() {
   u.fds = entries("/proc/self/fd");
   u.threads = entries("/proc/self/task");
   return u;
+}
+
+/// A sample once the thread count has held for 100 ms (at most 2 s): a DDP Trainer's LibTorch threads
+/// (Gloo's) can still be ending, or starting, a few milliseconds after the fit returned, and the
+/// samples between fits would then count a thread that is not kept. A kept thread stays counted.
+Usage settled_sample() {
+  std::int64_t threads = entries("/proc/self/task");
+  for (int held = 0, polls = 0; held < 5 && polls < 100; ++polls) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const std::int64_t now = entries("/proc/self/task");
+    held = now == threads ? held + 1 : 0;
+    threads = now;
+  }
+  return sample();
 }
 
 const std::string kPlant = [] {
@@ -255,9 +270,9 @@ bool many_fits(std::int64_t fits, const std::string& root) {
   Usage warm;
   for (std::int64_t i = 0; i < fits; ++i) {
     one_fit(i, train, val, root);
-    if (i + 1 == first) warm = sample();
+    if (i + 1 == first) warm = settled_sample();
   }
-  const Usage end = sample();
+  const Usage end = settled_sample();
   if (fits >= first)
     std::printf("(fits: malloc's bytes in use %+lld KiB; memory %+lld KiB over the %lld fits after the first %lld, "
                 "%.2f KiB a fit; the limit: 1 KiB a fit, 1 MiB at least)\n",

@@ -652,6 +652,39 @@ TEST_CASE("a max_steps stop inside an epoch, resumed: its end counts once, as in
   CHECK(resumed.first.stop_reason == straight.first.stop_reason);
 }
 
+TEST_CASE("ModelCheckpoint across max_steps stops and resumes: last.ckpt overwritten, one top-k file (probe 7)",
+          "[checkpoint][resume][model_checkpoint]") {
+  // A job trained in chunks (max_steps 2, 10, 14, then to the end, each resumed from "last"): the files
+  // the stops' epoch ends wrote are in ModelCheckpoint's record, so the next chunk overwrites last.ckpt
+  // (not last-v1.ckpt beside it) and keeps one top-k file; the other callbacks' states stay from before
+  // the stops' ends (the test above).
+  const std::string folder = scratch_folder("chunks");
+  auto [x, y] = test::classification_data(32);  // 4 batches an epoch
+  auto run = [&](TrainerConfig config, const std::string& resume) {
+    torch::manual_seed(7);
+    ScoredNet net;
+    net->scores = {5.0, 3.0, 1.0, 4.0, 2.0};
+    config.enable_progress_bar = false;
+    Trainer<CPU, Single, FloatPrecision, ModelCheckpoint> trainer(
+        config, ModelCheckpoint({.dirpath = folder, .filename = "{epoch}-{score:.2f}", .monitor = "score",
+                                 .save_top_k = 1, .save_last = true}));
+    const FitResult result = trainer.fit(net, data::TensorLoader(x, y, {.batch_size = 8}), FitOptions{.ckpt_path = resume});
+    return std::pair{result.global_step, trainer.callback<ModelCheckpoint>().best_model_path()};
+  };
+  CHECK(run({.max_epochs = 5, .max_steps = 2}, "").first == 2);  // inside epoch 0: its first files
+  CHECK(files_in(folder) == std::vector<std::string>{"epoch=0-score=5.00.ckpt", "last.ckpt"});
+  CHECK(run({.max_epochs = 5, .max_steps = 10}, "last").first == 10);  // inside epoch 2
+  CHECK(files_in(folder) == std::vector<std::string>{"epoch=2-score=1.00.ckpt", "last.ckpt"});
+  CHECK(run({.max_epochs = 5, .max_steps = 14}, "last").first == 14);  // inside epoch 3
+  CHECK(files_in(folder) == std::vector<std::string>{"epoch=2-score=1.00.ckpt", "last.ckpt"});
+  CHECK(checkpoint::load(folder + "/last.ckpt").at("global_step").toInt() == 14);
+  const auto [steps, best] = run({.max_epochs = 5}, "last");
+  CHECK(steps == 20);
+  CHECK(files_in(folder) == std::vector<std::string>{"epoch=2-score=1.00.ckpt", "last.ckpt"});
+  CHECK(best == folder + "/epoch=2-score=1.00.ckpt");
+  CHECK(checkpoint::load(folder + "/last.ckpt").at("global_step").toInt() == 20);
+}
+
 TEST_CASE("a resume at or past a smaller limit_train_batches ends that epoch and goes on (probe 7)", "[checkpoint][resume]") {
   const std::string folder = scratch_folder("resume_past_limit");
   auto [x, y] = test::classification_data(32);

@@ -158,6 +158,27 @@ TEST_CASE("stopping: should_stop honours min_epochs, max_time stops at a batch, 
     Probe model;
     const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 2})).fit(model, train);
     CHECK(r.stop_reason == "max_epochs=2 reached");
+    CHECK(r.warnings.empty());
+  }
+  {  // a minimum the maximum cuts short is said (probe 7: Lightning is silent), once per limit
+    Probe model;
+    const auto r =
+        CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 1, .min_epochs = 3, .max_steps = 4, .min_steps = 6}))
+            .fit(model, train);
+    CHECK(r.stop_reason == "max_steps=4 reached");
+    CHECK(r.warnings == std::vector<std::string>{
+                            "fulgur: TrainerConfig::min_epochs = 3 is more than TrainerConfig::max_epochs = 1: fit stops "
+                            "at max_epochs, so the minimum is not reached. Lower min_epochs or raise max_epochs.",
+                            "fulgur: TrainerConfig::min_steps = 6 is more than TrainerConfig::max_steps = 4: fit stops "
+                            "at max_steps, so the minimum is not reached. Lower min_steps or raise max_steps."});
+  }
+  {  // max_epochs unset: its default is named as that
+    Probe model;
+    const auto r = CpuTrainer<FloatPrecision>(test::quiet({.min_epochs = 1001, .limit_train_batches = 1})).fit(model, train);
+    CHECK(r.warnings == std::vector<std::string>{
+                            "fulgur: TrainerConfig::min_epochs = 1001 is more than TrainerConfig::max_epochs (unset: "
+                            "1000): fit stops at max_epochs, so the minimum is not reached. Lower min_epochs or raise "
+                            "max_epochs."});
   }
 }
 

@@ -253,6 +253,12 @@ class CallbackSet {
   void save_states(StateDict& out) const {
     for_each_item([&](const auto& item) { save_state(item, out); });
   }
+  /// The states of the callbacks whose state records the files they wrote (records_files_callback).
+  void save_file_records(StateDict& out) const {
+    for_each_item([&](const auto& item) {
+      if constexpr (records_files_callback<std::remove_cvref_t<decltype(item)>>()) save_state(item, out);
+    });
+  }
   /// load_state_dict(state) on each callback the checkpoint holds a state for; returns the
   /// checkpoint's keys that no callback here claims (callbacks of the run that wrote it, missing now).
   std::vector<std::string> load_states(const StateDict& states) {

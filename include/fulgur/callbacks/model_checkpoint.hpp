@@ -41,6 +41,7 @@ struct ModelCheckpointOptions {
 class ModelCheckpoint {
  public:
   static constexpr bool monitoring = true;
+  static constexpr bool state_records_files = true;  // its top k and last file: current in every checkpoint
 
   explicit ModelCheckpoint(ModelCheckpointOptions options = {});
 

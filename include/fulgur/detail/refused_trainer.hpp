@@ -3,6 +3,7 @@
 // every member accepts anything and does nothing, so that the one static_assert naming what is wrong
 // is the only error a program using it sees.
 #include <string>
+#include <vector>
 
 #include "fulgur/trainer.hpp"
 
@@ -25,7 +26,7 @@ class Trainer<A, S, P, Callbacks...> {
   template <class... T> FitResult fit(T&&...) { return {}; }
   template <class... T> EvaluationResult validate(T&&...) { return {}; }
   template <class... T> EvaluationResult test(T&&...) { return {}; }
-  template <class... T> detail::inert predict(T&&...) { return {}; }
+  template <class... T> std::vector<at::Tensor> predict(T&&...) { return {}; }  // the usual predictions' type
 #define FULGUR_DETAIL_INERT(verb) \
   template <class... T>           \
   detail::inert verb(T&&...) {    \

@@ -2,6 +2,7 @@
 // What fulgur::Trainer's declaration needs before the class: a strategy's options type, the object
 // behind a module holder or a loader pointer, the callback set with its default ProgressBar, and the
 // one static_assert for arguments the rules refuse (include/fulgur/trainer.hpp).
+#include <cstddef>
 #include <string>
 #include <type_traits>
 
@@ -79,10 +80,19 @@ constexpr bool assert_trainer_arguments() {
     return assert_loggers_for<Callbacks...>();  // LearningRateMonitor without a logger
 }
 
-/// A value of any type, for the inert Trainer's members (never evaluated).
+/// A value of any type, for the inert Trainer's members (never evaluated): it converts to anything,
+/// and is a range and indexable, so that the code using a refused Trainer's results adds no error.
 struct inert {
   template <class T>
   operator T() const;
+  template <class I>
+  inert operator[](const I&) const {
+    return {};
+  }
+  const inert* begin() const { return this; }
+  const inert* end() const { return this; }
+  std::size_t size() const { return 0; }
+  bool empty() const { return true; }
 };
 
 }  // namespace detail

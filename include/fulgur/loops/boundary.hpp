@@ -96,6 +96,9 @@ class HostLink {
   virtual std::string log_dir() = 0;
   /// Each stateful callback's state under its state key (Lightning's checkpoint["callbacks"]).
   virtual StateDict callback_states() = 0;
+  /// The states of the callbacks whose state records the files they wrote (records_files_callback:
+  /// ModelCheckpoint): the checkpoints written after a stop inside an epoch carry them as they are.
+  virtual StateDict callback_file_records() = 0;
   /// Returns the keys no callback claimed.
   virtual std::vector<std::string> load_callback_states(const StateDict& states) = 0;
   virtual StateDict logger_versions() = 0;

@@ -195,7 +195,7 @@ class FitState {
   std::vector<std::string> warnings_;
   FitResult result_;
   std::optional<StateDict> frozen_loop_;
-  std::optional<StateDict> frozen_callbacks_;
+  std::optional<StateDict> frozen_callbacks_;  // from before the epoch end of a stop inside the epoch
   std::string checkpoint_path_;
   bool resuming_ = false, loader_restored_ = false;
   std::int64_t resume_batch_ = 0;
@@ -213,6 +213,10 @@ class FitState {
   std::string write_preemption_checkpoint();
   StateDict loop_state(const FitProgress& progress, std::int64_t skipped_total, std::optional<StateDict> loader) const;
   StateDict rank_states(const CompletedStep* at, const StateDict& loop);
+  void warn_unreachable_minimum(const char* minimum, std::int64_t at_least, const char* maximum, std::int64_t at_most,
+                                bool maximum_set);
+  /// Callback states taken earlier, with those of the callbacks that record their files as they are now.
+  StateDict with_current_file_records(const StateDict& earlier);
   void remember_completed_step();
   void remember_trained_batch(std::int64_t batch_idx, const PendingBatchEnd& pending);
   void remember_trained_epoch(const EpochSummary& summary);

@@ -102,6 +102,11 @@ class LoopServices final : public detail::HostLink {
     callbacks_.save_states(states);
     return states;
   }
+  StateDict callback_file_records() override {
+    StateDict states;
+    callbacks_.save_file_records(states);
+    return states;
+  }
   std::vector<std::string> load_callback_states(const StateDict& states) override {
     return callbacks_.load_states(states);
   }
