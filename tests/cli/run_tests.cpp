@@ -276,6 +276,10 @@ TEST_CASE("cli run: a hint names the setting as the command line sets it, a C++ 
   CHECK_THAT(config_error([&] { run(without_logger); }),
              Catch::Contains("has no logger: set trainer.logger (true, CSVLogger or TensorBoardLogger).") &&
                  !Catch::Contains("fulgur::CSVLogger"));
+  const auto minimum = main_fit(dir + "/min", {"--trainer.min_epochs=3", "--trainer.max_epochs=1", "--trainer.logger=false"});
+  CHECK(minimum.first == 0);  // a warning: the maximum ends fit, as in Lightning
+  CHECK_THAT(minimum.second, Catch::Contains("fulgur: --trainer.min_epochs=3 is more than --trainer.max_epochs=1: fit "
+                                             "stops at max_epochs, so the minimum is not reached."));
 
   // The command line's reader ends with its run: a C++ program in the same process reads C++ again.
   Tiny module(tiny::TinyConfig{.hidden = 8, .lr = 1e30});
