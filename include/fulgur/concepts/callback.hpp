@@ -147,11 +147,11 @@ constexpr bool monitoring_callback() {
 }
 
 /// Whether a callback's state records the files it wrote (ModelCheckpoint: its top k, its last
-/// file): declare `static constexpr bool state_records_files = true;`. The checkpoints written after a
-/// stop inside an epoch (max_steps, max_time, a stop request) carry the callbacks' states from before the stop's epoch end, so that
-/// the epoch's real end counts once, and such a callback's state as it is: a record of files from
-/// before would leave the stop's files outside it (resumed, "last-v1.ckpt" beside the stop's
-/// "last.ckpt", and a top-k file never pruned).
+/// file): declare `static constexpr bool state_records_files = true;`. The checkpoints written after
+/// a stop inside an epoch (max_steps, max_time, a stop request) carry the callbacks' states from
+/// before the stop's epoch end, so that the epoch's real end counts once, and such a callback's state
+/// as it is: a record of files from before would leave the stop's files outside it (resumed,
+/// "last-v1.ckpt" beside the stop's "last.ckpt", and a top-k file never pruned).
 template <class T>
 constexpr bool records_files_callback() {
   if constexpr (requires { T::state_records_files; })
