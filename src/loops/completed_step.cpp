@@ -130,11 +130,8 @@ std::string FitState::save_completed_step(const std::string& path, bool peers_re
     // Where the run stopped: a pending end of its last batch has run (frozen after it).
     const bool current = stopped_mid_epoch && (completed_step_->progress.global_step != progress_.global_step ||
                                                completed_step_->pending);
-    StateDict state = checkpoint_state(/*weights_only=*/false, current ? nullptr : &*completed_step_);
-    // After a stop, every callback state from before its epoch end, file records included: the
-    // stop's writes may be what failed, and a record of a file never written would outlive it.
-    if (current && frozen_callbacks_) state.insert("callbacks", frozen_callbacks_->to_ivalue());
-    host_link_.save(path, state);
+    host_link_.save(path, checkpoint_state(/*weights_only=*/false, current ? nullptr : &*completed_step_,
+                                           /*for_failure=*/true));
   } catch (const std::exception& e) {
     return "writing it failed: " + detail::first_line(detail::without_fulgur_prefix(e.what()));
   }

@@ -152,7 +152,9 @@ class FitState {
   };
   /// `at`: the checkpoint of that completed step instead (its position and random state; the weights,
   /// optimizers and callbacks as they are now, which the caller checked have not moved on since).
-  StateDict checkpoint_state(bool weights_only, const CompletedStep* at = nullptr);
+  /// for_failure: OnExceptionCheckpoint's, whose callback states stay from before the hooks it resumes
+  /// into, file records included (a save they asked for may not have been written).
+  StateDict checkpoint_state(bool weights_only, const CompletedStep* at = nullptr, bool for_failure = false);
   void write_checkpoint(const std::string& path, bool weights_only) { host_link_.save(path, checkpoint_state(weights_only)); }
   void remove_checkpoint(const std::string& path);
   /// Where the run is: after batch k of epoch e (mid-epoch: what was logged so far goes too, and the
