@@ -52,8 +52,8 @@ void validate_config(const TrainerConfig& c) {
   r.at_least("min_epochs", c.min_epochs, 0);
   r.at_least("max_steps", c.max_steps, -1, " (-1: no limit)");
   r.at_least("min_steps", c.min_steps, 0);
-  if (c.max_time && c.max_time->count() < 0)
-    r.refuse("max_time", "must not be negative", number_text(c.max_time->count()) + " s");
+  if (c.max_time && !(c.max_time->count() >= 0))  // NaN too: it would be no limit at all
+    r.refuse("max_time", "must be a duration >= 0 (unset: no limit)", number_text(c.max_time->count()) + " s");
   r.at_least("accumulate_grad_batches", c.accumulate_grad_batches, 1);
   if (c.gradient_clip_val && !(*c.gradient_clip_val >= 0.0))
     r.refuse("gradient_clip_val", "must be >= 0 (0 or unset: no clipping)", number_text(*c.gradient_clip_val));

@@ -71,7 +71,8 @@ YAML::Node string_node(const std::string& text) {
 
 // ---- the command line ----------------------------------------------------------------------------
 
-CommandLine parse_command_line(const std::vector<std::string>& args, const std::vector<std::string>& subcommands) {
+CommandLine parse_command_line(const std::vector<std::string>& args, const std::vector<std::string>& subcommands,
+                               const std::vector<std::string>& offered) {
   CommandLine command;
   command.program = args.empty() ? "program" : std::filesystem::path(args.front()).filename().string();
   std::vector<std::string> problems;
@@ -87,9 +88,10 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const std::
         continue;
       }
       std::string list;
-      for (const auto& s : subcommands) list += (list.empty() ? "" : ", ") + s;
+      for (const auto& s : offered.empty() ? subcommands : offered) list += (list.empty() ? "" : ", ") + s;
       std::string text = "'" + arg + "' is not a subcommand; the first argument is one of " + list;
-      if (const std::string near = closest(arg, subcommands); !near.empty()) text += " (did you mean " + near + "?)";
+      if (const std::string near = closest(arg, offered.empty() ? subcommands : offered); !near.empty())
+        text += " (did you mean " + near + "?)";
       problems.push_back(text + ", e.g. `" + command.program + " fit --help`.");
       break;
     }
@@ -134,7 +136,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const std::
   }
   if (command.subcommand.empty() && !command.help && problems.empty()) {
     std::string list;
-    for (const auto& s : subcommands) list += (list.empty() ? "" : ", ") + s;
+    for (const auto& s : offered.empty() ? subcommands : offered) list += (list.empty() ? "" : ", ") + s;
     problems.push_back("give a subcommand: " + list + " (e.g. `" + command.program + " fit --help`).");
   }
   if (!problems.empty()) throw ConfigError(problems);

@@ -24,7 +24,8 @@ TensorLoader::TensorLoader(at::Tensor inputs, at::Tensor targets, TensorLoaderOp
     : inputs_(std::move(inputs)), targets_(std::move(targets)), options_(options) {
   detail::check_tensor_pair("TensorLoader", inputs_, targets_);
   if (options_.batch_size <= 0)
-    throw DataError("TensorLoader: batch_size must be > 0, got " + std::to_string(options_.batch_size) + ".");
+    throw MisconfigurationError("TensorLoader: batch_size must be > 0, got " + std::to_string(options_.batch_size) +
+                                ".");  // an option that cannot work, as DataLoader says it
 }
 
 at::Tensor TensorLoader::order_for_epoch(std::int64_t epoch) const {

@@ -15,9 +15,32 @@
 namespace fulgur::data {
 namespace {
 
-// llm.c's dev/data/data_common.py: 256 int32 words, then the tokens.
-constexpr std::int32_t kLlmcMagic = 20240520;
+// llm.c's dev/data/data_common.py (HEADERS_INFO): 256 int32 words, then the tokens. Each model's
+// format has its own magic and version: GPT-2's uint16 tokens, Llama 3's uint32.
+struct LlmcFormat {
+  std::int32_t magic, version;
+  TokenDtype dtype;
+  const char* model;
+};
+constexpr LlmcFormat kLlmcFormats[] = {{20240520, 1, TokenDtype::uint16, "gpt-2"},
+                                       {20240801, 7, TokenDtype::uint32, "llama-3"}};
 constexpr std::int64_t kLlmcHeaderBytes = 256 * sizeof(std::int32_t);
+
+/// "magic 20240520 version 1 (gpt-2, uint16 tokens), magic 20240801 version 7 (llama-3, uint32 tokens)"
+std::string llmc_formats_text() {
+  std::string text;
+  for (const LlmcFormat& f : kLlmcFormats)
+    text += (text.empty() ? "" : ", ") + std::string("magic ") + std::to_string(f.magic) + " version " +
+            std::to_string(f.version) + " (" + f.model + ", " + (f.dtype == TokenDtype::uint16 ? "uint16" : "uint32") +
+            " tokens)";
+  return text;
+}
+
+const LlmcFormat* llmc_format_of_magic(std::int32_t magic) {
+  for (const LlmcFormat& format : kLlmcFormats)
+    if (format.magic == magic) return &format;
+  return nullptr;
+}
 
 const char* name_of(TokenDtype dtype) { return dtype == TokenDtype::uint16 ? "uint16" : "uint32"; }
 /// NumPy's .npy magic, a version it writes (1.0, 2.0, 3.0) and a header that opens a dict: by chance in
@@ -68,21 +91,26 @@ TokenDataset::TokenDataset(std::string path, TokenDatasetOptions options)
     throw DataError("TokenDataset: " + path_ + " is a NumPy .npy file (np.save), whose header would be read as tokens: "
                     "write the tokens raw (tokens.astype(np.uint16).tofile(path)), or read the file with "
                     "fulgur::data::NpyArray.");
-  if (header[0] == kLlmcMagic) {
+  if (const LlmcFormat* format = llmc_format_of_magic(header[0])) {
+    const std::string magic = std::to_string(format->magic);
     if (file_size < kLlmcHeaderBytes)
-      throw DataError("TokenDataset: " + path_ + " starts with llm.c's magic 20240520 but has only " +
-                      std::to_string(file_size) +
-                      " bytes, fewer than llm.c's 1024-byte header: it is truncated; "
-                      "write it again.");
-    if (header[1] != 1 && header[1] != 2)
-      throw DataError("TokenDataset: " + path_ + " has llm.c's header (magic 20240520) with version " +
-                      std::to_string(header[1]) +
-                      ", which this reader does not know (1: uint16 tokens, 2: uint32 "
-                      "tokens); write it with llm.c's data scripts, or without the header as a plain .bin.");
-    dtype_ = header[1] == 1 ? TokenDtype::uint16 : TokenDtype::uint32;
+      throw DataError("TokenDataset: " + path_ + " starts with llm.c's magic " + magic + " (" + format->model +
+                      ") but has only " + std::to_string(file_size) +
+                      " bytes, fewer than llm.c's 1024-byte header: it is truncated; write it again.");
+    if (header[1] != format->version)
+      throw DataError("TokenDataset: " + path_ + " has llm.c's header (magic " + magic + ", " + format->model +
+                      ") with version " + std::to_string(header[1]) + ", where llm.c writes version " +
+                      std::to_string(format->version) + " (" + name_of(format->dtype) + " tokens); llm.c's formats are " +
+                      llmc_formats_text() + ". Write it with llm.c's data scripts (write_datafile), or without the "
+                      "header as a plain .bin.");
+    dtype_ = format->dtype;
     tokens_offset_ = kLlmcHeaderBytes;
     const std::int64_t present = file_size - kLlmcHeaderBytes, expected = std::int64_t{header[2]} * bytes_of(dtype_);
-    if (header[2] < 0 || present != expected)
+    if (header[2] < 0)
+      throw DataError("TokenDataset: " + path_ + " has llm.c's header saying " + std::to_string(header[2]) +
+                      " tokens, a negative count: the header is damaged or does not belong to the file; write it "
+                      "again.");
+    if (present != expected)
       throw DataError("TokenDataset: " + path_ + " has llm.c's header saying " + std::to_string(header[2]) + " " +
                       name_of(dtype_) + " tokens (" + std::to_string(expected) +
                       " bytes after the 1024-byte header), "

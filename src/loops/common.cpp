@@ -4,8 +4,10 @@
 #include <c10/util/Type.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <csignal>
+#include <exception>
 #include <iostream>
 #include <typeinfo>
 
@@ -103,6 +105,36 @@ void raise_no_training_batches(std::int64_t epoch, const std::string& descriptio
   throw DataError("fulgur: the training data yielded no batches in epoch " + std::to_string(epoch) +
                   (description.empty() ? std::string() : " (" + description + ")") +
                   "; give it samples (with drop_last, at least batch_size of them), or check limit_train_batches.");
+}
+
+std::string seconds_text(double seconds) {
+  char text[64];
+  const auto [end, error] = std::to_chars(text, text + sizeof text, seconds);
+  return error == std::errc() ? std::string(text, end) : number_text(seconds);
+}
+
+void raise_data_failure(const DataError& error, std::string_view what, const StepContext& ctx,
+                        std::int64_t batch_idx) {
+  std::string loader = "the " + std::string(what) + " data";
+  if (ctx.dataloader_idx) loader += " (dataloader_idx " + std::to_string(*ctx.dataloader_idx) + ")";
+  std::string run;
+  if (ctx.sanity_checking) run = "the sanity check";
+  else if (ctx.stage == Stage::fit) run = (what == "training" ? "" : "the validation in ") + std::string("epoch ") +
+                                          std::to_string(ctx.current_epoch);
+  else run = std::string(to_string(ctx.stage)) + "()";
+  // The same type, so a caller that catches DataError still does; the loader's own text says which sample,
+  // and the sample's exception stays nested in it, as the loader nested it.
+  std::string message = "fulgur: " + loader + " failed making batch " + std::to_string(batch_idx) + " of " + run +
+                        ": " + error.what();
+  // (rethrow_if_nested would end the process on a nested_exception that holds nothing.)
+  if (const auto* nested = dynamic_cast<const std::nested_exception*>(&error); nested && nested->nested_ptr()) {
+    try {
+      nested->rethrow_nested();
+    } catch (...) {
+      std::throw_with_nested(DataError(std::move(message)));
+    }
+  }
+  throw DataError(std::move(message));
 }
 
 void raise_no_evaluation_batches(std::string_view what, bool standalone) {

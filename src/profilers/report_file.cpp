@@ -8,6 +8,7 @@
 #include <string>
 
 #include "fulgur/detail/files.hpp"
+#include "fulgur/detail/host_terms.hpp"
 #include "fulgur/errors.hpp"
 
 namespace fulgur::profiling {
@@ -31,7 +32,7 @@ std::string report_file_name(const ProfilerSetup& setup, std::string_view filena
 
 std::string open_report_file(const std::string& dir, const std::string& name, std::string_view option) {
   const std::string folder = dir.empty() ? std::string(".") : dir;
-  detail::require_creatable_folder(folder, std::string(option));
+  detail::require_creatable_folder(folder, "the profiler's folder (" + std::string(option) + ")");
   try {
     detail::make_directories(folder);
   } catch (const std::exception& e) {  // e names the folder, the OS's reason and what to check
@@ -43,6 +44,12 @@ std::string open_report_file(const std::string& dir, const std::string& name, st
     throw MisconfigurationError("fulgur: the profiler cannot write its report '" + path + "' (" + std::string(option) +
                                 "): " + std::strerror(errno) + ". Point it at a folder this process can write.");
   return path;
+}
+
+std::string folder_origin(bool dirpath_set, std::string_view dirpath_option) {
+  if (dirpath_set) return std::string(dirpath_option);
+  return std::string(dirpath_option) + " unset: the first logger's log_dir, else " +
+         detail::trainer_setting("default_root_dir");
 }
 
 void append_report(const std::string& path, const std::string& text) {

@@ -79,7 +79,8 @@ void SimpleProfiler::set_up(const ProfilerSetup& setup) {
   if (!options_.filename.empty()) {
     const std::string dir = options_.dirpath.empty() ? setup.log_dir : options_.dirpath;
     report_path_ = profiling::open_report_file(dir, profiling::report_file_name(setup, options_.filename, ".txt"),
-                                               "SimpleProfilerOptions::dirpath");
+                                               profiling::folder_origin(!options_.dirpath.empty(),
+                                                                        "SimpleProfilerOptions::dirpath"));
   }
   ready_ = true;
 }

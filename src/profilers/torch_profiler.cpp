@@ -256,7 +256,8 @@ void TorchProfiler::set_up(const ProfilerSetup& setup) {
   // otherwise, since every trace goes there).
   const std::string probe = s.options.filename.empty() ? profiling::report_file_name(setup, "", ".probe")
                                                       : profiling::report_file_name(setup, s.options.filename, ".txt");
-  const std::string path = profiling::open_report_file(s.dir, probe, "TorchProfilerOptions::dirpath");
+  const std::string path = profiling::open_report_file(
+      s.dir, probe, profiling::folder_origin(!s.options.dirpath.empty(), "TorchProfilerOptions::dirpath"));
   if (s.options.filename.empty()) std::remove(path.c_str());
   else s.table_path = path;
   s.move_to(phase_at(s.options.schedule, 0));

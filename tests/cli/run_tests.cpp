@@ -205,6 +205,17 @@ TEST_CASE("cli run: the run-time choice's errors", "[cli]") {
   CHECK_THAT(with({"--trainer.precision=bf16-mixd"}), Catch::Contains("got 'bf16-mixd'; did you mean 'bf16-mixed'?"));
   CHECK_THAT(with({"--trainer.accelerator=CPUU"}), Catch::Contains("got 'CPUU'; did you mean 'cpu'?"));
   CHECK_THAT(with({"--trainer.precision=fp8"}), Catch::Contains("got 'fp8'") && !Catch::Contains("did you mean"));
+  // Lightning's alias of a precision this program did not compile (probe 8: it was told only the list).
+  CHECK_THAT(with({"--trainer.precision=16"}),
+             Catch::Contains("got '16'; '16' is '16-mixed', which this program did not compile"));
+  // The Trainer's settings and each callback's refusals, together and each where it was given (probe 8: only
+  // ModelCheckpoint's, bare, was said).
+  CHECK_THAT(with({"--trainer.max_epochs=-5", "--trainer.callbacks+=ModelCheckpoint",
+                   "--trainer.callbacks.every_n_epochs=-2", "--trainer.callbacks+=EarlyStopping"}),
+             Catch::Contains("3 problems") &&
+                 Catch::Contains("the Trainer refuses this config: trainer.max_epochs must be >= -1") &&
+                 Catch::Contains("trainer.callbacks[0] (ModelCheckpoint): Invalid value for every_n_epochs=-2") &&
+                 Catch::Contains("trainer.callbacks[1] (EarlyStopping): EarlyStopping needs a metric to monitor"));
   // --help with a file that cannot be applied says why, rather than showing the defaults without it (probe).
   const std::string bad_file = dir + "/bad.yaml";
   std::ofstream(bad_file) << "trainer:\n  max_epoch: 2\n";
@@ -253,6 +264,12 @@ TEST_CASE("cli run: a LibTorch error from the module's constructor or the fit is
   CHECK_THAT(text, Catch::StartsWith("tiny: the module's constructor failed on the config's model keys (--print_config "
                                      "shows them): Trying to create tensor with negative dimension -4") &&
                        !Catch::Contains("frame #"));
+  // A data key a loader refuses: a config error (exit 2) that says which keys, as the module's do (probe 8:
+  // a bare "TensorLoader: batch_size must be > 0", exit 1).
+  const auto [data_code, data_text] = main_with({"--data.batch_size=0"});
+  CHECK(data_code == 2);
+  CHECK_THAT(data_text, Catch::StartsWith("fulgur::cli: the data module's train_dataloader() refuses the config's data "
+                                          "keys (--print_config shows them): TensorLoader: batch_size must be > 0"));
   const auto [nan_code, nan_text] = main_with({"--model.lr=.nan"});  // SGD refuses it in configure_optimizers
   CHECK(nan_code == 1);
   CHECK_THAT(nan_text, Catch::Contains("Invalid learning rate: nan") && !Catch::Contains("frame #"));

@@ -62,7 +62,7 @@ void put_le(Bytes& b, std::size_t at, std::size_t width, std::uint64_t v) {
 
 std::uint64_t interesting(Rng& rng, std::uint64_t original) {
   static const std::uint64_t values[] = {0, 1, 2, 0x7F, 0x80, 0xFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF, ~0ull,
-                                         0x7FFFFFFFFFFFFFFFull, 20240520};
+                                         0x7FFFFFFFFFFFFFFFull, 20240520, 20240801};
   switch (rng.below(4)) {
     case 0: return original + 1;
     case 1: return original - 1;
@@ -168,11 +168,12 @@ Bytes npy_input(const std::vector<Bytes>& seeds, Rng& rng) {
 
 // ---- tokens ---------------------------------------------------------------------------------------
 
-Bytes token_file(bool llmc, int version, std::size_t tokens, int width) {
+/// A token file: raw (magic 0) or with llm.c's header (magic 20240520 for GPT-2, 20240801 for Llama 3).
+Bytes token_file(std::uint32_t magic, int version, std::size_t tokens, int width) {
   Bytes out;
-  if (llmc) {
+  if (magic != 0) {
     out.assign(1024, '\0');
-    put_le(out, 0, 4, 20240520), put_le(out, 4, 4, static_cast<std::uint64_t>(version)), put_le(out, 8, 4, tokens);
+    put_le(out, 0, 4, magic), put_le(out, 4, 4, static_cast<std::uint64_t>(version)), put_le(out, 8, 4, tokens);
   }
   for (std::size_t i = 0; i < tokens; ++i)
     for (int k = 0; k < width; ++k) out += static_cast<char>((i * 2654435761u) >> (8 * k));
@@ -181,9 +182,9 @@ Bytes token_file(bool llmc, int version, std::size_t tokens, int width) {
 
 std::vector<Bytes> token_seeds() {
   // The first byte is the options (token_options below): 0x00 context 1, stride context, uint16.
-  return {std::string(1, '\x03') + token_file(false, 0, 40, 2), std::string(1, '\x85') + token_file(false, 0, 33, 4),
-          std::string(1, '\x10') + token_file(true, 1, 50, 2), std::string(1, '\x91') + token_file(true, 2, 17, 4),
-          std::string(1, '\x00') + token_file(false, 0, 2, 2)};
+  return {std::string(1, '\x03') + token_file(0, 0, 40, 2), std::string(1, '\x85') + token_file(0, 0, 33, 4),
+          std::string(1, '\x10') + token_file(20240520, 1, 50, 2),
+          std::string(1, '\x91') + token_file(20240801, 7, 17, 4), std::string(1, '\x00') + token_file(0, 0, 2, 2)};
 }
 
 /// Options from the input's first byte: context 1-16 (or, 1 time in 8, near INT64_MAX), stride 0-3, dtype.
@@ -372,7 +373,9 @@ void run_cli(const Bytes& input) {
   (void)cli::flatten(config.tree());
   (void)cli::read_as<fulgur::TrainerConfig>(config.tree()["trainer"], "trainer");
   (void)cli::read_as<tiny::TinyConfig>(config.tree()["model"], "model");
-  (void)cli::detail::make_classes(config.tree()["trainer"], cli::shipped_classes{});
+  std::vector<std::string> problems;  // what the classes' constructors refuse: said, not a bug
+  (void)cli::detail::make_classes(config.tree()["trainer"], cli::shipped_classes{}, problems);
+  if (!problems.empty()) throw cli::ConfigError(problems);
 }
 
 enum class Target { npy, tokens, cli };

@@ -74,10 +74,14 @@ t32 = (np.arange(1001, dtype=np.int64) * 2654435761 % 2**32).astype(np.uint32)
 t16.tofile(f'{out}/tokens16.bin'); t32.tofile(f'{out}/tokens32.bin')
 t16[:17].tofile(f'{out}/exact17.bin'); t16[:16].tofile(f'{out}/exact16.bin'); t16[:8].tofile(f'{out}/short.bin')
 open(f'{out}/odd.bin', 'wb').write(t16[:10].tobytes() + b'\x01')
-def llmc(name, version, tokens, count=None):
-    h = np.zeros(256, np.int32); h[0] = 20240520; h[1] = version; h[2] = len(tokens) if count is None else count
+# llm.c's dev/data/data_common.py: HEADERS_INFO's magic and version per model, write_datafile's layout.
+GPT2, LLAMA3 = 20240520, 20240801
+def llmc(name, magic, version, tokens, count=None):
+    h = np.zeros(256, np.int32); h[0] = magic; h[1] = version; h[2] = len(tokens) if count is None else count
     open(f'{out}/{name}.bin', 'wb').write(h.tobytes() + tokens.tobytes())
-llmc('llmc1', 1, t16[:17]); llmc('llmc2', 2, t32[:33]); llmc('llmc3', 3, t16[:17]); llmc('llmc_count', 1, t16[:17], 18)
+llmc('llmc1', GPT2, 1, t16[:17]); llmc('llama3', LLAMA3, 7, t32[:33]); llmc('llmc3', GPT2, 3, t16[:17])
+llmc('llmc_count', GPT2, 1, t16[:17], 18); llmc('llmc_negative', GPT2, 1, t16[:17], -10)
+llmc('llmc_v2', GPT2, 2, t32[:33]); llmc('llama3_v1', LLAMA3, 1, t16[:17])
 open(f'{out}/llmc_cut.bin', 'wb').write(np.array([20240520, 1, 5], np.int32).tobytes())
 )PY";
 
@@ -370,11 +374,15 @@ TEST_CASE("data files: TokenDataset reads llm.c's header and lets it decide the 
   CHECK(v1.size() == 4);
   CHECK(torch::equal(v1.get(3).input, (arange(1001) * 7 % 65521).slice(0, 12, 16)));
   CHECK(torch::equal(v1.get(3).target, (arange(1001) * 7 % 65521).slice(0, 13, 17)));
-  const TokenDataset v2(file("llmc2.bin"), {.context = 32});
-  CHECK(v2.dtype() == TokenDtype::uint32);
-  CHECK(v2.num_tokens() == 33);
-  CHECK(v2.size() == 1);
-  CHECK(torch::equal(v2.get(0).target, (arange(1001) * 2654435761 % (std::int64_t{1} << 32)).slice(0, 1, 33)));
+  // Llama 3's files (llm.c's "llama-3": magic 20240801, version 7, uint32 tokens): the probe found
+  // them read as raw uint16 tokens, header words included.
+  const TokenDataset llama3(file("llama3.bin"), {.context = 32});
+  CHECK(llama3.has_llmc_header());
+  CHECK(llama3.dtype() == TokenDtype::uint32);
+  CHECK(llama3.num_tokens() == 33);
+  CHECK(llama3.size() == 1);
+  CHECK(torch::equal(llama3.get(0).input, (arange(1001) * 2654435761 % (std::int64_t{1} << 32)).slice(0, 0, 32)));
+  CHECK(torch::equal(llama3.get(0).target, (arange(1001) * 2654435761 % (std::int64_t{1} << 32)).slice(0, 1, 33)));
 }
 
 TEST_CASE("data files: TokenDataset refuses what it cannot read and says why", "[data]") {
@@ -391,7 +399,12 @@ TEST_CASE("data files: TokenDataset refuses what it cannot read and says why", "
   CHECK_THAT(token_error("short", {.context = 8}),
              Contains("has 8 uint16 tokens, too few for one window") && Contains("context + 1 = 9 tokens"));
   CHECK_THAT(token_error("empty"), Contains("has 0 uint16 tokens"));
-  CHECK_THAT(token_error("llmc3"), Contains("llm.c's header (magic 20240520) with version 3"));
+  CHECK_THAT(token_error("llmc3"), Contains("llm.c's header (magic 20240520, gpt-2) with version 3") &&
+                                       Contains("where llm.c writes version 1 (uint16 tokens)"));
+  CHECK_THAT(token_error("llmc_v2"), Contains("(magic 20240520, gpt-2) with version 2"));  // no such format
+  CHECK_THAT(token_error("llama3_v1"), Contains("(magic 20240801, llama-3) with version 1") &&
+                                           Contains("where llm.c writes version 7 (uint32 tokens)"));
+  CHECK_THAT(token_error("llmc_negative"), Contains("saying -10 tokens, a negative count"));
   CHECK_THAT(token_error("llmc_count"),
              Contains("header saying 18 uint16 tokens (36 bytes") && Contains("the file has 34 bytes after it"));
   CHECK_THAT(token_error("llmc_cut"), Contains("fewer than llm.c's 1024-byte header"));

@@ -378,6 +378,7 @@ TEST_CASE("data loader: shards, user samplers and options that cannot work", "[d
   CHECK(torch::equal(batches[0].second, at::tensor({1, 3}, at::kLong)));
 
   CHECK_THROWS_AS(DataLoader(CountingDataset{}, {.batch_size = 0}), MisconfigurationError);
+  CHECK_THROWS_AS(data::TensorLoader(at::zeros({4, 2}), at::zeros({4}), {.batch_size = 0}), MisconfigurationError);
   CHECK_THROWS_AS(DataLoader(CountingDataset{}, {.num_workers = -1}), MisconfigurationError);
   CHECK_THROWS_AS(DataLoader(CountingDataset{}, {.prefetch_factor = 0}), MisconfigurationError);
   CHECK_THAT(test::message_of<MisconfigurationError>([] { DataLoader(CountingDataset{}, {.shuffle = true}, EvenFirst{}); }),
@@ -412,6 +413,97 @@ TEST_CASE("data loader: fit with workers trains as fit with TensorLoader, bit fo
     CHECK(loaded.second == reference.second);
     for (std::size_t i = 0; i < reference.first.size(); ++i) CHECK(test::identical(loaded.first[i], reference.first[i]));
   }
+}
+
+namespace {
+/// A TensorDataset whose sample `fails_at` cannot be read.
+struct FailingDataset {
+  TensorDataset inner;
+  std::int64_t fails_at;
+  std::int64_t size() const { return inner.size(); }
+  Batch get(std::int64_t i) const {
+    if (i == fails_at) throw std::runtime_error("sample " + std::to_string(i) + " is corrupt");
+    return inner.get(i);
+  }
+};
+/// The classifier with a validation_step for several loaders.
+struct TwoLoaderClassifierImpl : test::ClassifierImpl {
+  at::Tensor validation_step(const Batch& b, std::int64_t i, std::int64_t) { return training_step(b, i); }
+};
+TORCH_MODULE(TwoLoaderClassifier);
+}  // namespace
+
+TEST_CASE("data loader: a sample that fails inside fit, validate or test names the loader, the batch and the stage (probe 8)", "[data][loader][errors][fit]") {
+  using Catch::Contains;
+  using Catch::StartsWith;
+  auto [x, y] = test::classification_data(60, 2);
+  auto [vx, vy] = test::classification_data(20, 3);
+  auto failing = [](const at::Tensor& a, const at::Tensor& b, std::int64_t at, int workers) {
+    return DataLoader(FailingDataset{TensorDataset(a, b), at}, {.batch_size = 8, .num_workers = workers});
+  };
+  auto good = [](const at::Tensor& a, const at::Tensor& b) { return DataLoader(TensorDataset(a, b), {.batch_size = 8}); };
+  auto fit_error = [](auto module, auto&& train_data, auto&& val_data, TrainerConfig config = {}) {
+    config.max_epochs = 2;
+    test::CpuTrainer<FloatPrecision> trainer(test::quiet(config));
+    return test::message_of<DataError>([&] { (void)trainer.fit(module, train_data, val_data); });
+  };
+  // Training: sample 45 is in batch 5 (batches of 8, in order); the loader's own text follows.
+  for (int workers : {0, 2})
+    CHECK_THAT(fit_error(test::Classifier(), failing(x, y, 45, workers), good(vx, vy)),
+               StartsWith("fulgur: the training data failed making batch 5 of epoch 0: ") &&
+                   Contains("get(45) failed") && Contains("sample 45 is corrupt"));
+  // The sample's own exception stays nested, as the loader nests it.
+  try {
+    test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+    test::Classifier model;
+    auto train = failing(x, y, 3, 1);
+    (void)trainer.fit(model, train);
+    FAIL("fit went through a sample that cannot be read");
+  } catch (const DataError& e) {
+    std::string nested = "<nothing nested>";
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const DataError& inner) {
+      nested = std::string("a DataError: ") + inner.what();  // the loader's own, nested once more
+    } catch (const std::exception& inner) {
+      nested = inner.what();
+    }
+    CHECK(nested == "sample 3 is corrupt");
+  }
+  // Validation: in the sanity check (sample 9 is in its second batch), then without one, in epoch 0.
+  CHECK_THAT(fit_error(test::Classifier(), good(x, y), failing(vx, vy, 9, 1)),
+             StartsWith("fulgur: the validation data failed making batch 1 of the sanity check: ") &&
+                 Contains("sample 9 is corrupt"));
+  CHECK_THAT(fit_error(test::Classifier(), good(x, y), failing(vx, vy, 9, 1), {.num_sanity_val_steps = 0}),
+             StartsWith("fulgur: the validation data failed making batch 1 of the validation in epoch 0: "));
+  // Several validation loaders: which one.
+  CHECK_THAT(fit_error(TwoLoaderClassifier(), good(x, y), data::loaders(good(vx, vy), failing(vx, vy, 2, 0))),
+             StartsWith("fulgur: the validation data (dataloader_idx 1) failed making batch 0 of the sanity check: "));
+  // validate and test on their own.
+  test::CpuTrainer<FloatPrecision> trainer(test::quiet({}));
+  test::Classifier model;
+  auto broken = failing(vx, vy, 17, 0);
+  CHECK_THAT(test::message_of<DataError>([&] { (void)trainer.validate(model, broken); }),
+             StartsWith("fulgur: the validation data failed making batch 2 of validate(): "));
+  CHECK_THAT(test::message_of<DataError>([&] { (void)trainer.test(model, broken); }),
+             StartsWith("fulgur: the test data failed making batch 2 of test(): "));
+}
+
+TEST_CASE("data loader: a DataError thrown by a step itself is the step's, not put on the loader (probe 8)", "[data][loader][errors][fit]") {
+  struct StepsThrowImpl : test::ClassifierImpl {
+    at::Tensor training_step(const Batch&, std::int64_t) { throw DataError("training_step's own lookup failed"); }
+    at::Tensor validation_step(const Batch&, std::int64_t) { throw DataError("validation_step's own lookup failed"); }
+    at::Tensor predict_step(const Batch&, std::int64_t) { throw DataError("predict_step's own lookup failed"); }
+  };
+  auto [x, y] = test::classification_data(16, 2);
+  auto module = std::make_shared<StepsThrowImpl>();
+  test::CpuTrainer<FloatPrecision> trainer(test::quiet({.max_epochs = 1}));
+  DataLoader loader(TensorDataset(x, y), {.batch_size = 8});
+  CHECK(test::message_of<DataError>([&] { (void)trainer.fit(module, loader); }) == "training_step's own lookup failed");
+  // The evaluation loops run the step inside their batch loop, next to the loader's calls.
+  CHECK(test::message_of<DataError>([&] { (void)trainer.validate(module, loader); }) ==
+        "validation_step's own lookup failed");
+  CHECK(test::message_of<DataError>([&] { (void)trainer.predict(module, loader); }) == "predict_step's own lookup failed");
 }
 
 TEST_CASE("data loader: a fit resumed mid-epoch with workers continues the same batches without reading the skipped ones", "[data][loader][resume]") {

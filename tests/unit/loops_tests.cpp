@@ -49,7 +49,11 @@ TEST_CASE("config: a value that cannot work names the field and the fix when the
   CHECK(refused({.num_sanity_val_steps = -2}) ==
         "TrainerConfig::num_sanity_val_steps must be >= -1 (-1: all validation batches), got -2.");
   CHECK(refused({.check_val_every_n_epoch = 0}) == "TrainerConfig::check_val_every_n_epoch must be >= 1, got 0.");
-  CHECK(refused({.max_time = std::chrono::seconds(-1)}) == "TrainerConfig::max_time must not be negative, got -1 s.");
+  CHECK(refused({.max_time = std::chrono::seconds(-1)}) ==
+        "TrainerConfig::max_time must be a duration >= 0 (unset: no limit), got -1 s.");
+  // NaN compared false with the clock: it trained without any limit (probe 8).
+  CHECK(refused({.max_time = std::chrono::duration<double>(std::nan(""))}) ==
+        "TrainerConfig::max_time must be a duration >= 0 (unset: no limit), got nan s.");
   CHECK(refused({.log_every_n_steps = 0}) == "TrainerConfig::log_every_n_steps must be >= 1, got 0.");
   // Checked before any policy is built: under DDP a bad num_nodes is named as such, not as a launch mismatch.
   CHECK(test::message_of<MisconfigurationError>([] {
@@ -152,7 +156,13 @@ TEST_CASE("stopping: should_stop honours min_epochs, max_time stops at a batch, 
     const auto r = CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 5, .max_time = std::chrono::seconds(0)}))
                        .fit(model, train);
     CHECK(r.global_step == 1);
-    CHECK_THAT(r.stop_reason, Catch::StartsWith("max_time=0.0000 s reached"));
+    CHECK_THAT(r.stop_reason, Catch::StartsWith("max_time=0 s reached"));
+  }
+  {
+    Probe model;  // the limit as written, not rounded to 0.0000 (probe 8)
+    const auto r =
+        CpuTrainer<FloatPrecision>(test::quiet({.max_epochs = 5, .max_time = std::chrono::microseconds(1)})).fit(model, train);
+    CHECK_THAT(r.stop_reason, Catch::StartsWith("max_time=1e-06 s reached"));
   }
   {
     Probe model;

@@ -193,6 +193,20 @@ TEST_CASE("SimpleProfiler: a folder it cannot write is an error before training"
   CHECK(model.steps == 0);
 }
 
+TEST_CASE("profilers: a folder they fell back to is named by where it came from, not by the unset dirpath (probe 8)", "[profilers]") {
+  const std::string dir = test::temporary_directory("profiler_bad_fallback");
+  std::ofstream(dir + "/a_file") << "not a folder";
+  ProfilerSetup setup;
+  setup.log_dir = dir + "/a_file/logs";  // the logger's log_dir or default_root_dir, as the Trainer gives it
+  SimpleProfiler simple({.filename = "perf"});
+  CHECK_THROWS_WITH(simple.set_up(setup),
+                    Catch::Contains("the profiler's folder (SimpleProfilerOptions::dirpath unset: the first logger's "
+                                    "log_dir, else TrainerConfig::default_root_dir) '" + dir + "/a_file/logs'") &&
+                        Catch::Contains(dir + "/a_file"));
+  TorchProfiler torch_profiler;
+  CHECK_THROWS_WITH(torch_profiler.set_up(setup), Catch::Contains("TorchProfilerOptions::dirpath unset: "));
+}
+
 TEST_CASE("SimpleProfiler: an action that throws is still timed, nested starts time the outermost", "[profilers]") {
   SimpleProfiler profiler;
   const Action action("a test action");

@@ -137,19 +137,29 @@ inline std::string text_of(const std::exception& e) {
   return e.what();
 }
 
+/// `make()`, what the module or data module (`owner`) made from the config's `section` keys: a value it
+/// refuses is a config error (exit 2) and anything else a failure (exit 1), each said to be that.
+template <class Make>
+auto made_from_keys(const char* owner, const char* section, const char* what, Make&& make) {
+  try {
+    return make();
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const MisconfigurationError& e) {
+    throw ConfigError({std::string(owner) + "'s " + what + " refuses the config's " + section +
+                       " keys (--print_config shows them): " + e.what()});
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string(owner) + "'s " + what + " failed on the config's " + section +
+                             " keys (--print_config shows them): " + text_of(e));
+  }
+}
+
 /// The module made from the config's model keys; its constructor's failure said to be that.
 template <class Module>
 Module make_module(const YAML::Node& keys) {
   using ModelConfig = typename config_type_of<Module>::type;
   ModelConfig config = read_as<ModelConfig>(keys, "model");  // a wrong type: the config error, as it is
-  try {
-    return make_with<Module>(std::move(config));
-  } catch (const MisconfigurationError&) {
-    throw;  // the module refusing its own keys is a config error (exit 2), in its own words
-  } catch (const std::exception& e) {
-    throw std::runtime_error("the module's constructor failed on the config's model keys (--print_config shows "
-                             "them): " + text_of(e));
-  }
+  return made_from_keys("the module", "model", "constructor", [&] { return make_with<Module>(std::move(config)); });
 }
 
 template <class Module, class Data, class Trainer>
@@ -161,11 +171,16 @@ Outcome run_subcommand(Trainer& trainer, const CommandLine& command, const YAML:
   // the Trainer takes it ("last", "hpc", or under trainer.default_root_dir).
   if (!ckpt_path.empty() && ckpt_path.front() != '/' && fulgur::detail::path_exists(ckpt_path))
     ckpt_path = fulgur::detail::absolute_path(ckpt_path);
+  // A loader the config's keys cannot make (a batch_size of 0, a file that is not there) is said to be that.
+  const bool own_data = !std::is_same_v<Data, NoData>;
+  auto loader_of = [&](const char* what, auto make) {
+    return made_from_keys(own_data ? "the data module" : "the module", own_data ? "data" : "model", what, make);
+  };
   auto run = [&](auto& source) {
     if (command.subcommand == "fit") {
-      auto train = source.train_dataloader();
+      auto train = loader_of("train_dataloader()", [&] { return source.train_dataloader(); });
       if constexpr (requires { source.val_dataloader(); }) {
-        auto val = source.val_dataloader();
+        auto val = loader_of("val_dataloader()", [&] { return source.val_dataloader(); });
         outcome.fit = trainer.fit(module, train, val, {.ckpt_path = ckpt_path});
       } else {
         outcome.fit = trainer.fit(module, train, {.ckpt_path = ckpt_path});
@@ -196,7 +211,7 @@ Outcome run_subcommand(Trainer& trainer, const CommandLine& command, const YAML:
     if (command.subcommand == "validate") {
       if constexpr (requires { source.val_dataloader(); }) {
         if constexpr (has_validation_step<Impl, loops::batch_of_t<decltype(source.val_dataloader())>>) {
-          auto loader = source.val_dataloader();
+          auto loader = loader_of("val_dataloader()", [&] { return source.val_dataloader(); });
           outcome.evaluation = {trainer.validate(module, loader, options)};
         } else {
           missing("validation_step(batch, batch_idx)", "module");
@@ -207,7 +222,7 @@ Outcome run_subcommand(Trainer& trainer, const CommandLine& command, const YAML:
     } else if (command.subcommand == "test") {
       if constexpr (requires { source.test_dataloader(); }) {
         if constexpr (has_test_step<Impl, loops::batch_of_t<decltype(source.test_dataloader())>>) {
-          auto loader = source.test_dataloader();
+          auto loader = loader_of("test_dataloader()", [&] { return source.test_dataloader(); });
           outcome.evaluation = {trainer.test(module, loader, options)};
         } else {
           missing("test_step(batch, batch_idx)", "module");
@@ -218,7 +233,7 @@ Outcome run_subcommand(Trainer& trainer, const CommandLine& command, const YAML:
     } else if (command.subcommand == "predict") {
       if constexpr (requires { source.predict_dataloader(); }) {
         if constexpr (has_predict_step<Impl, loops::batch_of_t<decltype(source.predict_dataloader())>>) {
-          auto loader = source.predict_dataloader();
+          auto loader = loader_of("predict_dataloader()", [&] { return source.predict_dataloader(); });
           const auto predictions = trainer.predict(module, loader, options);
           if constexpr (requires { predictions.size(); })
             outcome.predictions = static_cast<std::int64_t>(predictions.size());
@@ -236,7 +251,8 @@ Outcome run_subcommand(Trainer& trainer, const CommandLine& command, const YAML:
     run(impl);
   } else {
     using DataConfig = typename config_type_of<Data>::type;
-    Data data = make_with<Data>(read_as<DataConfig>(tree["data"], "data"));
+    DataConfig data_config = read_as<DataConfig>(tree["data"], "data");
+    Data data = made_from_keys("the data module", "data", "constructor", [&] { return make_with<Data>(std::move(data_config)); });
     if constexpr (requires { data.prepare_data(); })
       if (trainer.local_rank() == 0) data.prepare_data();
     if constexpr (requires { data.setup(std::string_view()); }) data.setup(command.subcommand);
@@ -251,7 +267,15 @@ Outcome run_with(const CommandLine& command, const YAML::Node& tree, TrainerConf
   using Options = typename Combination::options_type;
   Options options{};
   if constexpr (described<Options>) read_into(tree["trainer"]["strategy"]["init_args"], options, "trainer.strategy.init_args");
-  auto vectors = make_classes(tree["trainer"], classes);
+  // One run names every value that cannot work: the Trainer's settings and each callback's and logger's.
+  std::vector<std::string> problems;
+  try {
+    fulgur::detail::validate_config(trainer_config);
+  } catch (const MisconfigurationError& e) {
+    problems.push_back("the Trainer refuses this config: " + std::string(e.what()));
+  }
+  auto vectors = make_classes(tree["trainer"], classes, problems);
+  if (!problems.empty()) throw ConfigError(problems);
   const Hyperparameters model_keys = flatten(tree["model"]);
   SaveConfig save(outcome.resolved_config, flatten(tree), model_keys, settings.save_config);
   using Trainer = typename Combination::template with_callbacks<SaveConfig, std::vector<C>...>;
@@ -282,8 +306,8 @@ Outcome run(const std::vector<std::string>& args, Trainers trainers = shipped_tr
   static const std::vector<std::string> subcommands{"fit", "validate", "test", "predict"};
   // The library's hints name settings as this program's user sets them: trainer.max_epochs, --ckpt_path.
   const fulgur::detail::ReaderScope reader(fulgur::detail::Reader::command_line);
-  const CommandLine command = parse_command_line(args, subcommands);
   const auto [available, lacking] = detail::available_subcommands<Module, Data>();
+  const CommandLine command = parse_command_line(args, subcommands, available);
   if (!command.subcommand.empty())
     for (const auto& [name, why] : lacking)
       if (name == command.subcommand)

@@ -115,13 +115,19 @@ inline Schema value_key(std::string name, std::string type, YAML::Node default_v
 }
 
 /// A check that the value is one of `names` (the compiled policies' names on `axis`, their aliases and 'auto'),
-/// with the name probably meant (fulgur::dispatch's: "fp16" is '16-mixed').
-inline ValueCheck one_of(std::vector<std::string> names, std::string_view axis) {
-  return [names = std::move(names), axis](const YAML::Node& node) -> std::optional<std::string> {
+/// with the name probably meant (fulgur::dispatch's: "fp16" is '16-mixed'). An alias of a policy the program did
+/// not compile (Lightning's "16" without '16-mixed') is said to be that.
+inline ValueCheck one_of(std::vector<std::string> names, std::string_view axis,
+                         std::vector<std::pair<std::string, std::string>> aliases = {}) {
+  return [names = std::move(names), axis, aliases = std::move(aliases)](const YAML::Node& node) -> std::optional<std::string> {
     if (node.IsScalar() && !is_null(node) && std::find(names.begin(), names.end(), node.Scalar()) != names.end())
       return std::nullopt;
     std::string list;
     for (const auto& n : names) list += (list.empty() ? "'" : ", '") + n + "'";
+    for (const auto& [alias, target] : aliases)
+      if (node.IsScalar() && node.Scalar() == alias)
+        return "one of this program's " + list + "\n; '" + alias + "' is '" + target +
+               "', which this program did not compile (the Trainer types it gives fulgur::cli::main decide)";
     if (node.IsScalar()) {
       const std::vector<std::string_view> views(names.begin(), names.end());
       if (const auto meant = fulgur::detail::probably_meant(axis, node.Scalar(), views); !meant.name.empty())
@@ -154,7 +160,8 @@ Schema root_schema(Trainers, class_list<C...>) {
   trainer.push_back(value_key("accelerator", "str", YAML::Node("auto"),
                               "compiled: " + names_list(typename Axes::accelerators{}) +
                                   fulgur::detail::aliases_of(typename Axes::accelerators{}, {{"gpu", "cuda"}}),
-                              one_of(names_with_aliases(typename Axes::accelerators{}, {{"gpu", "cuda"}}), "accelerator")));
+                              one_of(names_with_aliases(typename Axes::accelerators{}, {{"gpu", "cuda"}}), "accelerator",
+                                     {{"gpu", "cuda"}})));
   Schema strategy;
   strategy.name = "strategy";
   strategy.kind = Schema::Kind::class_one;
@@ -176,7 +183,8 @@ Schema root_schema(Trainers, class_list<C...>) {
                               one_of(names_with_aliases(typename Axes::precisions{},
                                                         {{"32", "32-true"}, {"64", "64-true"}, {"16", "16-mixed"},
                                                          {"bf16", "bf16-mixed"}}),
-                                     "precision")));
+                                     "precision",
+                                     {{"32", "32-true"}, {"64", "64-true"}, {"16", "16-mixed"}, {"bf16", "bf16-mixed"}})));
   for (Schema& key : schema_of<TrainerConfig>()) trainer.push_back(std::move(key));
   Schema callbacks, loggers;
   callbacks.name = "callbacks";
@@ -246,11 +254,11 @@ T make_with(const typename config_type_of<T>::type& config) {
   else return T(config);
 }
 
-/// The callbacks and loggers the config names, one std::vector per compiled class.
+/// The callbacks and loggers the config names, one std::vector per compiled class. What cannot be made
+/// (a wrong type, a value a constructor refuses) joins `problems`, each named by its place in the config.
 template <class... C>
-std::tuple<std::vector<C>...> make_classes(const YAML::Node& trainer, class_list<C...>) {
+std::tuple<std::vector<C>...> make_classes(const YAML::Node& trainer, class_list<C...>, std::vector<std::string>& problems) {
   std::tuple<std::vector<C>...> out;
-  std::vector<std::string> problems;
   bool has_checkpoint = false, has_summary = false;
   for (const char* slot : {"callbacks", "logger"})
     for (std::size_t i = 0; i < trainer[slot].size(); ++i) {
@@ -260,7 +268,13 @@ std::tuple<std::vector<C>...> make_classes(const YAML::Node& trainer, class_list
       ([&] {
         if (name != class_info<C>::name) return;
         using Args = typename class_info<C>::args_type;
-        std::get<std::vector<C>>(out).push_back(class_info<C>::make(read_as<Args>(entry["init_args"], where + ".init_args")));
+        try {
+          std::get<std::vector<C>>(out).push_back(class_info<C>::make(read_as<Args>(entry["init_args"], where + ".init_args")));
+        } catch (const ConfigError& e) {
+          problems.insert(problems.end(), e.problems.begin(), e.problems.end());
+        } catch (const MisconfigurationError& e) {  // the class refusing a value, in its own words
+          problems.push_back(where + " (" + name + "): " + e.what());
+        }
         has_checkpoint = has_checkpoint || std::is_same_v<C, ModelCheckpoint>;
         has_summary = has_summary || std::is_same_v<C, ModelSummary>;
       }(), ...);
@@ -273,7 +287,6 @@ std::tuple<std::vector<C>...> make_classes(const YAML::Node& trainer, class_list
     if (checkpointing && !has_checkpoint) std::get<std::vector<ModelCheckpoint>>(out).emplace_back();
   if constexpr ((std::is_same_v<C, ModelSummary> || ...))
     if (*as_bool(trainer["enable_model_summary"]) && !has_summary) std::get<std::vector<ModelSummary>>(out).emplace_back();
-  if (!problems.empty()) throw ConfigError(problems);
   return out;
 }
 

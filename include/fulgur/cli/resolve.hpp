@@ -44,8 +44,10 @@ struct CommandLine {
 };
 
 /// Reads `prog SUBCOMMAND [--config FILE] [--key=value | --key value | --key+=value]... [--print_config]
-/// [--help] [--env_prefix=P]`. `--help` before the subcommand is accepted too.
-CommandLine parse_command_line(const std::vector<std::string>& args, const std::vector<std::string>& subcommands);
+/// [--help] [--env_prefix=P]`. `--help` before the subcommand is accepted too. An unknown subcommand is
+/// told the ones in `offered` (those this program runs; empty: all of `subcommands`).
+CommandLine parse_command_line(const std::vector<std::string>& args, const std::vector<std::string>& subcommands,
+                               const std::vector<std::string>& offered = {});
 
 /// The config under construction: starts from the schema's defaults; each apply() merges one source
 /// (a file's mapping merges key by key, a list is replaced, a class slot keeps its init_args while its

@@ -170,7 +170,10 @@ struct value_traits<std::variant<T...>> {
 template <class Rep, class Period>
 struct value_traits<std::chrono::duration<Rep, Period>> {
   using D = std::chrono::duration<Rep, Period>;
-  static std::string type() { return "duration (seconds, \"DD:HH:MM:SS\" or {days, hours, minutes, seconds})"; }
+  static std::string type() {
+    return "duration >= 0 (seconds, \"DD:HH:MM:SS\", \"HH:MM:SS\", \"MM:SS\" or a mapping of days, hours, minutes, "
+           "seconds)";
+  }
   static bool read(const YAML::Node& node, D& value) {
     double seconds = 0;
     if (const auto number = as_number(node)) {

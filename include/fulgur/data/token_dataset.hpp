@@ -6,10 +6,10 @@
 //
 // Two layouts are read. nanoGPT's .bin: the tokens and nothing else, little-endian uint16 (a
 // vocabulary under 65536, e.g. GPT-2's) or uint32 as options.dtype says. llm.c's: 256 int32 header
-// words — [0] the magic 20240520, [1] the version (1: uint16 tokens, 2: uint32), [2] the number of
-// tokens — then the tokens; when the file starts with that magic, the header decides the dtype,
-// whatever options.dtype says, and dtype() reports it. (A headerless file cannot start with it by
-// chance unless its first token is 54600 or 20240520, both beyond GPT-2's vocabulary.)
+// words ([0] magic, [1] version, [2] token count), then the tokens: 20240520 version 1 for GPT-2's uint16
+// tokens, 20240801 version 7 for Llama 3's uint32 (llm.c's dev/data/data_common.py). A file that starts with
+// either magic has its dtype decided by the header, whatever options.dtype says; dtype() reports it. (A headerless
+// file cannot start with one by chance unless its first token is beyond GPT-2's or Llama 3's vocabulary.)
 //
 // Sample i is the window starting at token i * stride, its target shifted by one token. The default
 // stride is the context: disjoint windows, size() = (num_tokens - 1) / context, an epoch reads each

@@ -70,17 +70,39 @@ template <class Host, class Step, class Hooks>
 auto profile_step(Hooks& hook) {
   return hook.profile([] { return profiling::strategy_hook_action<typename strategy_of<Host>::type, Step>(); });
 }
-/// `body(raw)` for each batch of `loader` while it returns true, each fetch timed as `next()` names it
-/// (Lightning's "[_EvaluationLoop].val_next", one call per batch): a range-for, with the fetch timed.
+/// A loader's DataError (a sample that could not be read) again, naming the loader (`what`: "training",
+/// "validation", ...; ctx's dataloader_idx), the batch it was making and where the run was.
+[[noreturn]] void raise_data_failure(const DataError& error, std::string_view what, const StepContext& ctx,
+                                     std::int64_t batch_idx);
+/// Seconds as the shortest text that reads back the same: 1e-06, 0.25, 2592000.
+std::string seconds_text(double seconds);
+
+/// `body(raw)` for each batch of `loader` (the `what` loader) while it returns true, each fetch timed as
+/// `next()` names it (Lightning's "[_EvaluationLoop].val_next", one call per batch): a range-for, with the
+/// fetch timed and a DataError said with where it happened.
 template <class Loader, class Hooks, class MakeAction, class Body>
-void for_each_batch(Loader& loader, Hooks& hook, MakeAction next, Body&& body) {
+void for_each_batch(Loader& loader, std::string_view what, Hooks& hook, MakeAction next, Body&& body) {
   auto it = std::begin(loader);
   const auto end = std::end(loader);
-  for (bool first = true;; first = false) {
-    if (!first) ++it;
-    if (!(it != end)) return;
+  // Only the loader's calls are in the try blocks: what the step throws goes on from where it was thrown.
+  for (std::int64_t batch_idx = 0;; ++batch_idx) {
+    const bool more = [&] {
+      try {
+        if (batch_idx > 0) ++it;
+        return static_cast<bool>(it != end);
+      } catch (const DataError& e) {
+        raise_data_failure(e, what, hook.ctx(), batch_idx);
+      }
+    }();
+    if (!more) return;
     auto fetching = hook.profile(next);  // the batch is made (or waited for) on dereference
-    auto&& raw = *it;
+    auto&& raw = [&]() -> decltype(auto) {  // a batch made on dereference is elided, a reference stays one
+      try {
+        return *it;
+      } catch (const DataError& e) {
+        raise_data_failure(e, what, hook.ctx(), batch_idx);
+      }
+    }();
     fetching.end();
     if (!body(raw)) return;
   }
@@ -365,12 +387,6 @@ auto run_evaluation_stage(Host& host, Module& module, Data& data, Stage stage, c
                     [](const std::string& line) { std::cerr << line << std::endl; });
     throw;
   }
-}
-
-inline std::string fixed(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.4f", v);
-  return text;
 }
 
 /// Each submodule's train/eval mode, captured before evaluation and restored after it (Lightning's

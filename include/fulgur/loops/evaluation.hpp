@@ -200,7 +200,7 @@ class EvaluationLoop {
   std::int64_t run_batches(Loader& loader, std::int64_t max_batches, std::int64_t dataloader_idx) {
     std::int64_t batch_idx = 0;
     if (max_batches == 0) return 0;
-    for_each_batch(loader, hook_, &Kind::next, [&](const auto& raw) {
+    for_each_batch(loader, Kind::what, hook_, &Kind::next, [&](const auto& raw) {
       run_batch(raw, batch_idx++, dataloader_idx);
       return !(max_batches >= 0 && batch_idx >= max_batches);
     });

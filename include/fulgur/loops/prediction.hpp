@@ -68,7 +68,7 @@ class PredictionLoop {
     std::vector<Prediction> predictions;
     std::int64_t batch_idx = 0;
     if (max_batches != 0)
-      for_each_batch(loader, hook_, [] { return profiling::named<"[_PredictionLoop].predict_next">(); },
+      for_each_batch(loader, "prediction", hook_, [] { return profiling::named<"[_PredictionLoop].predict_next">(); },
                      [&](const auto& raw) {
                        predictions.push_back(run_batch(raw, batch_idx++, dataloader_idx));
                        return !(max_batches >= 0 && batch_idx >= max_batches);

@@ -123,8 +123,7 @@ class TrainingEpochLoop {
     std::optional<batch_of_t<TrainData>> current;
     if (max_batches_ != 0 && it != end && (max_batches_ < 0 || first_batch < max_batches_)) {
       auto fetching = profile<"[_TrainingEpochLoop].train_dataloader_next">(p_.hook);
-      current.emplace(*it);
-      ++it;
+      fetch(current, it, first_batch);
     }
     std::int64_t batch_idx = first_batch;
     bool reached_end = false;
@@ -134,8 +133,7 @@ class TrainingEpochLoop {
       reached_end = ended == BatchEnd::end_of_epoch || (ended == BatchEnd::stop_run && is_last);
       if (ended != BatchEnd::go_on) break;
       auto fetching = profile<"[_TrainingEpochLoop].train_dataloader_next">(p_.hook);
-      current.emplace(*it);
-      ++it;
+      fetch(current, it, batch_idx);
     }
     if (batch_idx == 0 || (batch_idx == first_batch && first_batch > 0)) {
       if constexpr (requires { p_.data.describe(); }) raise_no_training_batches(summary.epoch, p_.data.describe());
@@ -146,6 +144,22 @@ class TrainingEpochLoop {
 
  private:
   enum class BatchEnd { go_on, end_of_epoch, stop_run };
+
+  /// Batch `batch_idx` into `current` and the iterator on to the next; a DataError said with the loader
+  /// and the batch it was making.
+  template <class Iterator>
+  void fetch(std::optional<batch_of_t<TrainData>>& current, Iterator& it, std::int64_t batch_idx) {
+    try {
+      current.emplace(*it);
+    } catch (const DataError& e) {
+      raise_data_failure(e, "training", p_.hook.ctx(), batch_idx);
+    }
+    try {
+      ++it;
+    } catch (const DataError& e) {  // a loader that reads ahead on ++ fails on the next batch
+      raise_data_failure(e, "training", p_.hook.ctx(), batch_idx + 1);
+    }
+  }
 
   template <class RawBatch>
   BatchEnd run_batch(const RawBatch& raw, std::int64_t batch_idx, bool is_last) {
@@ -289,7 +303,7 @@ class TrainingEpochLoop {
       const bool up = std::chrono::steady_clock::now() - fit_start_ >= *config_.max_time;
       if (p_.host.reduce_boolean_decision(up, /*all=*/false)) {  // every rank stops at the same batch
         ctx.should_stop = progress.stop_agreed = true;
-        progress.stop_reason = "max_time=" + fixed(config_.max_time->count()) + " s reached";
+        progress.stop_reason = "max_time=" + seconds_text(config_.max_time->count()) + " s reached";
       }
     }
     if (stop_wanted(progress, ctx, p_.host.world_size()) && can_stop_early(progress, config_)) {

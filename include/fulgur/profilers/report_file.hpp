@@ -17,6 +17,10 @@ std::string report_file_name(const ProfilerSetup& setup, std::string_view filena
 /// `option` (where the folder came from).
 std::string open_report_file(const std::string& dir, const std::string& name, std::string_view option);
 
+/// Where a profiler's folder came from, for open_report_file's `option`: `dirpath_option` when it is
+/// set, else the fallback it was unset for (the first logger's log_dir, else default_root_dir).
+std::string folder_origin(bool dirpath_set, std::string_view dirpath_option);
+
 /// Appends `text` to the report file (Lightning opens it in "a" mode): an error says which file.
 void append_report(const std::string& path, const std::string& text);
 
