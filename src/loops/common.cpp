@@ -4,7 +4,6 @@
 #include <c10/util/Type.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <csignal>
 #include <exception>
@@ -12,6 +11,7 @@
 #include <typeinfo>
 
 #include "fulgur/detail/host_terms.hpp"
+#include "fulgur/loggers/log_directory.hpp"
 #include "fulgur/loops/optimization.hpp"
 #include "src/detail/error_text.hpp"
 #include "src/strategies/sharded/gradient_check.hpp"
@@ -107,11 +107,7 @@ void raise_no_training_batches(std::int64_t epoch, const std::string& descriptio
                   "; give it samples (with drop_last, at least batch_size of them), or check limit_train_batches.");
 }
 
-std::string seconds_text(double seconds) {
-  char text[64];
-  const auto [end, error] = std::to_chars(text, text + sizeof text, seconds);
-  return error == std::errc() ? std::string(text, end) : number_text(seconds);
-}
+std::string seconds_text(double seconds) { return loggers::detail::number_text(seconds); }  // as a CSV writes it
 
 void raise_data_failure(const DataError& error, std::string_view what, const StepContext& ctx,
                         std::int64_t batch_idx) {
